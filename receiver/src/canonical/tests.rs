@@ -1,0 +1,269 @@
+//! The canonical form against its published vectors, plus properties no finite list covers.
+
+use super::*;
+use proptest::prelude::*;
+
+const VECTORS: &str = include_str!("../../tests/vectors/canonical-v1.json");
+
+struct Vector {
+    name: String,
+    input: Vec<u8>,
+    expect: Result<(String, String), String>,
+}
+
+fn hex_bytes(s: &str) -> Vec<u8> {
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).expect("hex in vector file"))
+        .collect()
+}
+
+fn vectors() -> Vec<Vector> {
+    let doc: serde_json::Value = serde_json::from_str(VECTORS).expect("vector file is JSON");
+    doc["vectors"]
+        .as_array()
+        .expect("vectors array")
+        .iter()
+        .map(|v| {
+            let name = v["name"].as_str().unwrap().to_owned();
+            let input = if let Some(s) = v.get("input") {
+                s.as_str().unwrap().as_bytes().to_vec()
+            } else if let Some(h) = v.get("input_hex") {
+                hex_bytes(h.as_str().unwrap())
+            } else {
+                let mut out = Vec::new();
+                for part in v["input_parts"].as_array().unwrap() {
+                    let text = part[0].as_str().unwrap();
+                    for _ in 0..part[1].as_u64().unwrap() {
+                        out.extend_from_slice(text.as_bytes());
+                    }
+                }
+                out
+            };
+            let expect = match v.get("error") {
+                Some(kind) => Err(kind.as_str().unwrap().to_owned()),
+                None => Ok((
+                    v["canonical"].as_str().unwrap().to_owned(),
+                    v["sha256"].as_str().unwrap().to_owned(),
+                )),
+            };
+            Vector {
+                name,
+                input,
+                expect,
+            }
+        })
+        .collect()
+}
+
+#[test]
+fn every_vector_holds() {
+    let vectors = vectors();
+    assert!(vectors.len() >= 20, "the form promises at least 20 vectors");
+    for v in &vectors {
+        let got = canonicalize(&v.input);
+        match (&v.expect, got) {
+            (Ok((canonical, sha)), Ok((bytes, digest))) => {
+                assert_eq!(
+                    String::from_utf8(bytes.clone()).unwrap(),
+                    *canonical,
+                    "{}",
+                    v.name
+                );
+                assert_eq!(digest.to_hex(), *sha, "{}", v.name);
+                // The canonical form is a fixed point.
+                let (again, _) = canonicalize(&bytes).expect("canonical bytes re-read");
+                assert_eq!(again, bytes, "{} is not a fixed point", v.name);
+            }
+            (Err(kind), Err(e)) => assert_eq!(e.kind().as_str(), kind, "{}: {e}", v.name),
+            (want, got) => panic!("{}: wanted {want:?}, got {got:?}", v.name),
+        }
+    }
+}
+
+#[test]
+fn every_rejection_kind_has_a_vector() {
+    let vectors = vectors();
+    for kind in CanonErrorKind::ALL {
+        assert!(
+            vectors
+                .iter()
+                .any(|v| v.expect.as_ref().err().map(String::as_str) == Some(kind.as_str())),
+            "no vector rejects with {kind}"
+        );
+    }
+}
+
+#[test]
+fn errors_name_a_place_not_the_content() {
+    let secret = r#"{"result":{"token":"hunter2","a":1,"a":2}}"#;
+    let e = canonicalize(secret.as_bytes()).unwrap_err();
+    assert_eq!(e.kind(), CanonErrorKind::DuplicateKey);
+    assert!(!e.to_string().contains("hunter2"), "{e}");
+    assert!(e.to_string().contains("at byte 10"), "{e}");
+}
+
+#[test]
+fn utf16_order_differs_from_byte_order_where_it_should() {
+    assert_eq!(utf16_order("\u{1F600}", "\u{E000}"), Ordering::Less);
+    assert_eq!("\u{1F600}".cmp("\u{E000}"), Ordering::Greater);
+    assert_eq!(utf16_order("a", "ab"), Ordering::Less);
+}
+
+#[test]
+fn sha256_matches_a_known_answer() {
+    // FIPS 180-2 example "abc".
+    assert_eq!(
+        Digest::of(b"abc").to_hex(),
+        "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+    );
+}
+
+/// A JSON value for property tests, rendered either way by the strategies below.
+#[derive(Debug, Clone)]
+enum Gen {
+    Null,
+    Bool(bool),
+    Num(String),
+    Str(String),
+    Arr(Vec<Gen>),
+    Obj(Vec<(String, Gen)>),
+}
+
+fn gen_value() -> impl Strategy<Value = Gen> {
+    let leaf = prop_oneof![
+        Just(Gen::Null),
+        any::<bool>().prop_map(Gen::Bool),
+        "-?(0|[1-9][0-9]{0,30})(\\.[0-9]{1,5})?([eE][+-]?[0-9]{1,2})?".prop_map(Gen::Num),
+        "[a-zé😀\u{e000}\"\\\\\n\u{1}/ ]{0,8}".prop_map(Gen::Str),
+    ];
+    leaf.prop_recursive(4, 48, 6, |inner| {
+        prop_oneof![
+            prop::collection::vec(inner.clone(), 0..5).prop_map(Gen::Arr),
+            prop::collection::btree_map("[a-c😀\u{e000}]{0,3}", inner, 0..5)
+                .prop_map(|m| Gen::Obj(m.into_iter().collect())),
+        ]
+    })
+}
+
+fn escape(s: &str, fancy: bool, out: &mut String) {
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04X}", c as u32)),
+            c if fancy && !c.is_ascii() => {
+                let mut buf = [0u16; 2];
+                for unit in c.encode_utf16(&mut buf) {
+                    out.push_str(&format!("\\u{unit:04x}"));
+                }
+            }
+            '/' if fancy => out.push_str("\\/"),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+}
+
+/// Renders `g` with members in `order` (a rotation) and with or without whitespace/escapes.
+fn render(g: &Gen, rotate: usize, fancy: bool, out: &mut String) {
+    let ws = if fancy { " \n\t" } else { "" };
+    match g {
+        Gen::Null => out.push_str("null"),
+        Gen::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
+        Gen::Num(n) => out.push_str(n),
+        Gen::Str(s) => escape(s, fancy, out),
+        Gen::Arr(items) => {
+            out.push('[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                out.push_str(ws);
+                render(item, rotate, fancy, out);
+            }
+            out.push_str(ws);
+            out.push(']');
+        }
+        Gen::Obj(members) => {
+            out.push('{');
+            let n = members.len();
+            for i in 0..n {
+                let (k, v) = &members[(i + rotate) % n];
+                if i > 0 {
+                    out.push(',');
+                }
+                out.push_str(ws);
+                escape(k, fancy, out);
+                out.push_str(ws);
+                out.push(':');
+                out.push_str(ws);
+                render(v, rotate, fancy, out);
+            }
+            out.push_str(ws);
+            out.push('}');
+        }
+    }
+}
+
+fn document(g: Gen) -> Gen {
+    Gen::Obj(vec![("v".into(), g), ("w".into(), Gen::Null)])
+}
+
+/// Changes one leaf so that the document means something else.
+fn mutate(g: &Gen, pick: usize) -> Gen {
+    match g {
+        Gen::Null => Gen::Bool(false),
+        Gen::Bool(b) => Gen::Bool(!b),
+        Gen::Num(n) => Gen::Num(match n.strip_prefix('-') {
+            Some(positive) => positive.to_owned(),
+            None => format!("-{n}"),
+        }),
+        Gen::Str(s) => Gen::Str(format!("{s}x")),
+        Gen::Arr(items) if items.is_empty() => Gen::Arr(vec![Gen::Null]),
+        Gen::Arr(items) => {
+            let mut items = items.clone();
+            let i = pick % items.len();
+            items[i] = mutate(&items[i], pick / 7);
+            Gen::Arr(items)
+        }
+        Gen::Obj(m) if m.is_empty() => Gen::Obj(vec![("k".into(), Gen::Null)]),
+        Gen::Obj(m) => {
+            let mut m = m.clone();
+            let i = pick % m.len();
+            m[i].1 = mutate(&m[i].1, pick / 7);
+            Gen::Obj(m)
+        }
+    }
+}
+
+proptest! {
+    #[test]
+    fn key_order_and_whitespace_never_change_the_digest(g in gen_value(), rotate in 0usize..5) {
+        let doc = document(g);
+        let mut plain = String::new();
+        render(&doc, 0, false, &mut plain);
+        let mut fancy = String::new();
+        render(&doc, rotate, true, &mut fancy);
+        let (a, da) = canonicalize(plain.as_bytes()).unwrap();
+        let (b, db) = canonicalize(fancy.as_bytes()).unwrap();
+        prop_assert_eq!(&a, &b);
+        prop_assert_eq!(da, db);
+        // serde_json (without arbitrary_precision) agrees that the canonical bytes are JSON.
+        prop_assert!(serde_json::from_slice::<serde_json::Value>(&a).is_ok());
+    }
+
+    #[test]
+    fn changing_any_value_changes_the_digest(g in gen_value(), pick in 0usize..10_000) {
+        let doc = document(g);
+        let changed = mutate(&doc, pick);
+        let mut a = String::new();
+        render(&doc, 0, false, &mut a);
+        let mut b = String::new();
+        render(&changed, 0, false, &mut b);
+        let (_, da) = canonicalize(a.as_bytes()).unwrap();
+        let (_, db) = canonicalize(b.as_bytes()).unwrap();
+        prop_assert_ne!(da, db);
+    }
+}

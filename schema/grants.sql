@@ -1,0 +1,23 @@
+-- Grants a DBA runs for the receiver (MySQL 8.4 and MariaDB 10.11 alike).
+--
+-- Names used below; replace them with your own before running:
+--   orbit_receiver     the receiver's own, dedicated, empty database
+--   receiver_init      the account `receiver init` connects as (once, to create the tables)
+--   receiver_runtime   the account `receiver demo` / `receiver consume` connect as
+--   'localhost'        the host part of both accounts
+-- Create the accounts first, with passwords from your secret store, e.g.
+--   CREATE USER 'receiver_init'@'localhost' IDENTIFIED BY '...';
+--
+-- The harness (harness/testdb) runs this same file with its own generated names,
+-- so the tests prove these grants are enough and no more than enough.
+
+-- Step 1, before `receiver init`: the init account may create tables in the
+-- receiver database, and nothing else. It never needs DROP, ALTER or DELETE.
+GRANT CREATE ON `orbit_receiver`.* TO 'receiver_init'@'localhost';
+
+-- Step 2, after `receiver init` (MySQL refuses table grants on tables that do
+-- not exist yet): the runtime account reads and writes the two tables only.
+-- No DELETE: the inbox is never pruned by the receiver (see docs/architecture.md).
+-- No access to the platform's database.
+GRANT SELECT, INSERT, UPDATE ON `orbit_receiver`.`receiver_inbox` TO 'receiver_runtime'@'localhost';
+GRANT SELECT, INSERT, UPDATE ON `orbit_receiver`.`receiver_task_views` TO 'receiver_runtime'@'localhost';
