@@ -1,1 +1,155 @@
+//! Shared pieces of the conformance suite: a receiver database initialised the way a DBA and
+//! `receiver init` would, event builders, and the path of the real `receiver` binary.
+//!
+//! Every database here lives on a real server from `testdb`; nothing is mocked.
 
+use std::path::PathBuf;
+
+use receiver::config::Dsn;
+use receiver::store::StoreOptions;
+use receiver::{ConsumerName, QueueId, Store, TaskEvent};
+use sqlx::{Connection, MySqlConnection};
+use testdb::{Provisioned, Server};
+
+/// The queue the suite's events come from unless a test says otherwise.
+pub const QUEUE: &str = "inbox-demo";
+
+/// A receiver database with its schema created by `receiver::schema::init` (as the init
+/// account) and the runtime grants applied, on the process's shared server.
+#[derive(Debug)]
+pub struct ReceiverDb {
+    pub db: Provisioned,
+}
+
+impl ReceiverDb {
+    /// Provisions fresh databases and accounts and initialises the receiver schema.
+    pub async fn new() -> ReceiverDb {
+        let db = Self::provisioned().await;
+        let dsn = Dsn::parse(&db.init_url()).expect("testdb makes valid URLs");
+        let report = receiver::schema::init(&dsn)
+            .await
+            .unwrap_or_else(|e| panic!("receiver init failed: {e}"));
+        assert_eq!(report.foreign_keys, 0);
+        db.grant_runtime().await.expect("runtime grants apply");
+        ReceiverDb { db }
+    }
+
+    /// Fresh databases and accounts, without the receiver schema.
+    pub async fn provisioned() -> Provisioned {
+        let server = Server::shared().unwrap_or_else(|e| panic!("no test server: {e}"));
+        server
+            .provision()
+            .await
+            .unwrap_or_else(|e| panic!("provisioning failed: {e}"))
+    }
+
+    /// The runtime account's DSN.
+    pub fn runtime_dsn(&self) -> Dsn {
+        Dsn::parse(&self.db.runtime_url()).expect("testdb makes valid URLs")
+    }
+
+    /// A store for `consumer` and `queue`, connected as the runtime account.
+    pub async fn store_for(&self, consumer: &str, queue: &str) -> Store {
+        let options = StoreOptions {
+            max_connections: 16,
+            ..StoreOptions::default()
+        };
+        Store::connect(
+            &self.runtime_dsn(),
+            ConsumerName::new(consumer).expect("valid consumer name"),
+            QueueId::new(queue).expect("valid queue"),
+            options,
+        )
+        .await
+        .unwrap_or_else(|e| panic!("store connect failed: {e}"))
+    }
+
+    /// The default store: consumer `task-result-view`, queue [`QUEUE`].
+    pub async fn store(&self) -> Store {
+        self.store_for("task-result-view", QUEUE).await
+    }
+
+    /// An admin connection on the receiver database, for inspecting and interfering.
+    pub async fn admin(&self) -> MySqlConnection {
+        MySqlConnection::connect(&self.db.admin_receiver_url())
+            .await
+            .expect("admin connects")
+    }
+}
+
+/// A task event as the platform would send it.
+#[derive(Debug, Clone)]
+pub struct EventSpec {
+    pub id: String,
+    pub event_type: String,
+    pub state: String,
+    pub queue: String,
+    pub task: String,
+    pub version: String,
+    pub occurred_at: String,
+    /// Raw JSON text of the result, if any.
+    pub result: Option<String>,
+}
+
+impl EventSpec {
+    /// A `task.cancelled` event.
+    pub fn cancelled(id: &str, task: &str, version: u64) -> EventSpec {
+        EventSpec {
+            id: id.into(),
+            event_type: "task.cancelled".into(),
+            state: "CANCELLED".into(),
+            queue: QUEUE.into(),
+            task: task.into(),
+            version: version.to_string(),
+            occurred_at: "2026-12-02T14:17:05.123Z".into(),
+            result: None,
+        }
+    }
+
+    /// A `task.succeeded` event with `result` (raw JSON text).
+    pub fn succeeded(id: &str, task: &str, version: u64, result: &str) -> EventSpec {
+        EventSpec {
+            event_type: "task.succeeded".into(),
+            state: "SUCCEEDED".into(),
+            result: Some(result.into()),
+            ..EventSpec::cancelled(id, task, version)
+        }
+    }
+
+    /// The event's JSON text, members in a deliberately non-canonical order with whitespace.
+    pub fn json(&self) -> String {
+        let mut s = format!(
+            "{{ \"task_version\": {}, \"type\": \"{}\", \"id\": \"{}\", \"state\": \"{}\",\n  \"queue_id\": \"{}\", \"task_id\": \"{}\", \"namespace\": \"default\", \"occurred_at\": \"{}\"",
+            self.version, self.event_type, self.id, self.state, self.queue, self.task, self.occurred_at
+        );
+        if let Some(r) = &self.result {
+            s.push_str(", \"result\": ");
+            s.push_str(r);
+        }
+        s.push_str(" }");
+        s
+    }
+
+    /// The validated event, for the queue it names.
+    pub fn event(&self) -> TaskEvent {
+        let queue = QueueId::new(self.queue.clone()).expect("valid queue");
+        TaskEvent::parse(self.json().as_bytes(), &queue)
+            .unwrap_or_else(|e| panic!("test event is invalid: {e}"))
+    }
+}
+
+/// The `receiver` binary built beside this test binary (`target/<profile>/receiver`).
+pub fn receiver_bin() -> PathBuf {
+    let exe = std::env::current_exe().expect("test binary path");
+    let dir = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("target/<profile>/deps/<test>");
+    let bin = dir.join("receiver");
+    assert!(
+        bin.is_file(),
+        "{} is missing: build it first with `cargo build -p receiver` (`make integration` does)",
+        bin.display()
+    );
+    bin
+}

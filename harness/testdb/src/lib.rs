@@ -1,1 +1,222 @@
+//! Throwaway MySQL servers for tests and the demo.
+//!
+//! A test asks for a [`Server`] and then [`Server::provision`]s its own uniquely named
+//! databases and accounts on it: the platform's `orbit_test_…` and the receiver's separate
+//! `orbit_receiver_test_…`, with an init, a runtime and a platform account holding exactly the
+//! grants of `schema/grants.sql`. Nothing is shared between tests but the server process.
+//!
+//! Where the server comes from, first match wins:
+//! 1. `TESTDB_MYSQL_URL=mysql://admin:password@host:port`: an existing server; the harness
+//!    only creates and drops its own databases and users there (leftovers of a crashed run are
+//!    removed by the next).
+//! 2. With the `container` feature, when a Docker engine answers: MySQL 8.4 in a container.
+//! 3. A local `mariadbd` or `mysqld` on a fresh datadir in a temporary directory, listening on
+//!    a free loopback port.
+//!
+//! `TESTDB_BACKEND=existing|container|local` forces one. Servers and their directories are
+//! removed when the [`Server`] drops, when the test process exits (the shared server), and, if
+//! the process was killed, by the next run's sweep; a local server also dies with the process
+//! that started it (`PR_SET_PDEATHSIG`). No server outlives the test run.
+//!
+//! This crate knows MySQL administration only; it knows nothing of the inbox.
 
+mod local;
+mod provision;
+
+#[cfg(feature = "container")]
+mod container;
+
+use std::fmt;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+pub use provision::{Account, Provisioned};
+
+/// Names the admin URL of an existing server to use instead of starting one.
+pub const TESTDB_MYSQL_URL: &str = "TESTDB_MYSQL_URL";
+/// Forces a backend: `existing`, `container` or `local`.
+pub const TESTDB_BACKEND: &str = "TESTDB_BACKEND";
+
+/// How long a starting server has to answer `SELECT 1`.
+pub const READY_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Why no server could be had.
+#[derive(Debug)]
+pub struct Error(pub String);
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Error {}
+
+impl Error {
+    pub(crate) fn new(msg: impl Into<String>) -> Self {
+        Error(msg.into())
+    }
+}
+
+/// A MySQL server a test may use.
+#[derive(Debug)]
+pub struct Server {
+    host: String,
+    port: u16,
+    admin_user: String,
+    admin_password: String,
+    description: String,
+    backend: Backend,
+}
+
+#[derive(Debug)]
+enum Backend {
+    Local(local::LocalServer),
+    Existing,
+    #[cfg(feature = "container")]
+    Container(container::ContainerServer),
+}
+
+#[allow(clippy::disallowed_methods)] // the harness reads its own variables, not the receiver's
+fn env(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.is_empty())
+}
+
+impl Server {
+    /// Starts (or connects to) a server owned by the caller; it is removed on drop.
+    pub fn start() -> Result<Server, Error> {
+        let forced = env(TESTDB_BACKEND);
+        match forced.as_deref() {
+            Some("existing") => Self::existing(),
+            Some("container") => Self::container(),
+            Some("local") => Self::local(),
+            Some(other) => Err(Error::new(format!(
+                "{TESTDB_BACKEND}={other} is not one of existing, container, local"
+            ))),
+            None => {
+                if env(TESTDB_MYSQL_URL).is_some() {
+                    return Self::existing();
+                }
+                #[cfg(feature = "container")]
+                if container::engine_answers() {
+                    return Self::container();
+                }
+                Self::local()
+            }
+        }
+    }
+
+    /// A local `mariadbd`/`mysqld` on a temporary datadir, whatever the environment says.
+    pub fn local() -> Result<Server, Error> {
+        let server = local::LocalServer::start()?;
+        Ok(Server {
+            host: "127.0.0.1".into(),
+            port: server.port(),
+            admin_user: "root".into(),
+            admin_password: String::new(),
+            description: server.description().to_owned(),
+            backend: Backend::Local(server),
+        })
+    }
+
+    fn existing() -> Result<Server, Error> {
+        let url = env(TESTDB_MYSQL_URL)
+            .ok_or_else(|| Error::new(format!("{TESTDB_MYSQL_URL} is not set")))?;
+        let rest = url.strip_prefix("mysql://").ok_or_else(|| {
+            Error::new(format!("{TESTDB_MYSQL_URL} must look like mysql://admin:password@host:port"))
+        })?;
+        let rest = rest.trim_end_matches('/');
+        let (userinfo, hostport) = rest.rsplit_once('@').ok_or_else(|| {
+            Error::new(format!("{TESTDB_MYSQL_URL} must name an admin user: mysql://admin:password@host:port"))
+        })?;
+        let (user, password) = userinfo.split_once(':').unwrap_or((userinfo, ""));
+        let (host, port) = hostport.rsplit_once(':').unwrap_or((hostport, "3306"));
+        let port: u16 = port
+            .parse()
+            .map_err(|_| Error::new(format!("{TESTDB_MYSQL_URL} has a malformed port")))?;
+        let server = Server {
+            host: host.to_owned(),
+            port,
+            admin_user: user.to_owned(),
+            admin_password: password.to_owned(),
+            description: format!("existing server at {host}:{port}"),
+            backend: Backend::Existing,
+        };
+        let version = provision::block_on(provision::server_version(&server))?;
+        let server = Server {
+            description: format!("{version} (existing server at {host}:{port})"),
+            ..server
+        };
+        provision::block_on(provision::sweep_leftovers(&server))?;
+        Ok(server)
+    }
+
+    #[cfg(feature = "container")]
+    fn container() -> Result<Server, Error> {
+        let server = container::ContainerServer::start()?;
+        Ok(Server {
+            host: "127.0.0.1".into(),
+            port: server.port(),
+            admin_user: "root".into(),
+            admin_password: String::new(),
+            description: server.description().to_owned(),
+            backend: Backend::Container(server),
+        })
+    }
+
+    #[cfg(not(feature = "container"))]
+    fn container() -> Result<Server, Error> {
+        Err(Error::new(
+            "the container backend needs testdb's `container` feature",
+        ))
+    }
+
+    /// The process-wide shared server, started on first use and removed when the process exits.
+    pub fn shared() -> Result<&'static Server, Error> {
+        static SHARED: OnceLock<Result<Server, String>> = OnceLock::new();
+        SHARED
+            .get_or_init(|| {
+                let server = Server::start().map_err(|e| e.0)?;
+                local::remove_at_exit();
+                Ok(server)
+            })
+            .as_ref()
+            .map_err(|e| Error::new(e.clone()))
+    }
+
+    /// `host:port` of the server.
+    pub fn address(&self) -> String {
+        format!("{}:{}", self.host, self.port)
+    }
+
+    /// The server's port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// What the server is, e.g. `10.11.19-MariaDB (local mariadbd, /tmp/…)`.
+    pub fn description(&self) -> &str {
+        &self.description
+    }
+
+    /// An admin URL (no database); it carries a password only for an existing server.
+    pub fn admin_url(&self) -> String {
+        provision::url(&self.admin_user, &self.admin_password, &self.address(), None)
+    }
+
+    /// Kills a local server with SIGKILL, as a crash would; returns whether one was killed.
+    pub fn kill(&self) -> bool {
+        match &self.backend {
+            Backend::Local(server) => server.kill(),
+            _ => false,
+        }
+    }
+
+    /// Where a local server writes its error log.
+    pub fn log_path(&self) -> Option<std::path::PathBuf> {
+        match &self.backend {
+            Backend::Local(server) => Some(server.log_path()),
+            _ => None,
+        }
+    }
+}

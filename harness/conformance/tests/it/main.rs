@@ -1,1 +1,6 @@
-//! placeholder
+//! The conformance suite: every test here runs against a real MySQL-protocol server from
+//! `testdb` (one server per test binary, fresh databases and accounts per test).
+
+mod cli;
+mod schema;
+mod storage;

@@ -1,0 +1,119 @@
+//! The real `receiver` binary: `init` and its refusals (R-SCHEMA-5, R-SCHEMA-6, R-CLI-5).
+
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use conformance::{receiver_bin, ReceiverDb};
+use sqlx::{Connection, Row};
+
+fn receiver(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut cmd = Command::new(receiver_bin());
+    cmd.args(args).env_clear();
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().expect("receiver runs")
+}
+
+/// The receiver tables and their creation times, as one comparable string.
+async fn structure(admin: &mut sqlx::MySqlConnection) -> (i64, String) {
+    let row = sqlx::query(
+        "SELECT COUNT(*), CAST(GROUP_CONCAT(table_name, '@', create_time ORDER BY table_name) AS CHAR) \
+         FROM information_schema.tables WHERE table_schema = DATABASE()",
+    )
+    .fetch_one(admin)
+    .await
+    .unwrap();
+    (row.try_get(0).unwrap(), row.try_get(1).unwrap())
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+#[tokio::test]
+async fn init_creates_the_schema_once_and_refuses_a_second_time() {
+    let db = ReceiverDb::provisioned().await;
+    let url = db.init_url();
+
+    let first = receiver(&["init"], &[("ORBIT_RECEIVER_DSN", &url)]);
+    assert_eq!(text(&first.stderr), "");
+    assert_eq!(
+        text(&first.stdout),
+        "receiver_schema_initialized=true foreign_keys=0\n"
+    );
+    assert!(first.status.success());
+
+    let mut admin = sqlx::MySqlConnection::connect(&format!(
+        "{}/{}",
+        testdb::Server::shared().unwrap().admin_url(),
+        db.receiver_db
+    ))
+    .await
+    .unwrap();
+    let before = structure(&mut admin).await;
+    assert_eq!(before.0, 2);
+
+    let second = receiver(&["init"], &[("ORBIT_RECEIVER_DSN", &url)]);
+    assert_eq!(second.status.code(), Some(1));
+    assert_eq!(text(&second.stdout), "");
+    let err = text(&second.stderr);
+    assert_eq!(err.lines().count(), 1, "one line: {err}");
+    assert!(
+        err.starts_with("receiver init: the receiver schema already exists in database"),
+        "{err}"
+    );
+    assert!(err.contains("receiver_inbox, receiver_task_views"), "{err}");
+    assert!(!err.contains(&db.init.password), "{err}");
+    assert_eq!(structure(&mut admin).await, before);
+}
+
+#[test]
+fn a_dsn_without_a_database_is_refused_before_connecting() {
+    // Port 1 on loopback has nothing listening: any connection attempt would fail differently.
+    let started = Instant::now();
+    let out = receiver(
+        &["init"],
+        &[("ORBIT_RECEIVER_DSN", "mysql://receiver_init:s3cret@127.0.0.1:1")],
+    );
+    assert!(started.elapsed() < Duration::from_secs(5));
+    assert_eq!(out.status.code(), Some(2));
+    let err = text(&out.stderr);
+    assert_eq!(
+        err,
+        "receiver init: ORBIT_RECEIVER_DSN names no database: use mysql://user:password@host:port/<database>\n"
+    );
+    assert!(!err.contains("s3cret"));
+}
+
+#[test]
+fn missing_configuration_and_commands_are_one_clear_line() {
+    let out = receiver(&["init"], &[]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).starts_with("receiver init: ORBIT_RECEIVER_DSN is not set"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = receiver(&["launch"], &[]);
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(
+        text(&out.stderr),
+        "receiver: unknown command `launch`: run `receiver help` for the commands\n"
+    );
+}
+
+#[tokio::test]
+async fn an_unknown_database_gets_a_clear_error() {
+    let db = ReceiverDb::provisioned().await;
+    let url = db.init_url().replace(&db.receiver_db, "no_such_receiver_db");
+    let out = receiver(&["init"], &[("ORBIT_RECEIVER_DSN", &url)]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains("database `no_such_receiver_db` does not exist or this account cannot use it"),
+        "{err}"
+    );
+    assert!(!err.contains(&db.init.password), "{err}");
+}

@@ -1,0 +1,455 @@
+//! A local `mariadbd` or `mysqld` on a fresh datadir and a free loopback port.
+//!
+//! Every server lives in its own directory under `$TMPDIR/result-inbox-testdb/`, which holds
+//! the datadir, the socket, the error log and `owner.pid` (the test process). A later run
+//! removes directories whose owner is gone, killing a server still running there. Servers are
+//! forked from one long-lived thread with `PR_SET_PDEATHSIG`, so they die with the process
+//! even when it is killed with SIGKILL.
+
+use std::fs;
+use std::io::{Read, Seek, SeekFrom};
+use std::net::{TcpListener, TcpStream};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use crate::{provision, Error, READY_TIMEOUT};
+
+/// Servers and containers this process still has to remove at exit.
+pub(crate) enum Cleanup {
+    Process { pid: u32, dir: PathBuf },
+    #[cfg_attr(not(feature = "container"), allow(dead_code))]
+    Container { id: String },
+}
+
+static LIVE: Mutex<Vec<Cleanup>> = Mutex::new(Vec::new());
+
+pub(crate) fn register(c: Cleanup) {
+    remove_at_exit();
+    LIVE.lock().unwrap_or_else(|p| p.into_inner()).push(c);
+}
+
+fn unregister_pid(pid: u32) {
+    LIVE.lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .retain(|c| !matches!(c, Cleanup::Process { pid: p, .. } if *p == pid));
+}
+
+extern "C" fn cleanup_at_exit() {
+    let live = std::mem::take(&mut *LIVE.lock().unwrap_or_else(|p| p.into_inner()));
+    for c in live {
+        match c {
+            Cleanup::Process { pid, dir } => {
+                kill_and_reap(pid);
+                let _ = fs::remove_dir_all(dir);
+            }
+            Cleanup::Container { id } => {
+                let _ = Command::new("docker")
+                    .args(["rm", "--force", "--volumes", &id])
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .status();
+            }
+        }
+    }
+}
+
+/// Registers the exit hook once. The Rust test harness ends with `exit()`, also after failed
+/// tests, so this runs for servers held in statics, which never drop.
+pub(crate) fn remove_at_exit() {
+    static ONCE: OnceLock<()> = OnceLock::new();
+    ONCE.get_or_init(|| {
+        // SAFETY: registering a plain `extern "C"` function with no captured state.
+        unsafe {
+            libc::atexit(cleanup_at_exit);
+        }
+    });
+}
+
+fn kill_and_reap(pid: u32) {
+    let Ok(pid) = i32::try_from(pid) else { return };
+    // SAFETY: signalling and reaping a child this process started.
+    unsafe {
+        libc::kill(pid, libc::SIGKILL);
+        libc::waitpid(pid, std::ptr::null_mut(), 0);
+    }
+}
+
+fn process_alive(pid: i32) -> bool {
+    // SAFETY: signal 0 only checks for existence.
+    unsafe { libc::kill(pid, 0) == 0 || *libc::__errno_location() == libc::EPERM }
+}
+
+/// A request to the spawner thread.
+type SpawnRequest = (Command, mpsc::Sender<std::io::Result<Child>>);
+
+/// Forks servers from one thread that lives as long as the process: `PR_SET_PDEATHSIG` fires
+/// when the forking *thread* exits, so a short-lived thread would take the server with it.
+fn spawn_long_lived(mut cmd: Command) -> std::io::Result<Child> {
+    static SPAWNER: OnceLock<Mutex<mpsc::Sender<SpawnRequest>>> = OnceLock::new();
+    let sender = SPAWNER.get_or_init(|| {
+        let (tx, rx) = mpsc::channel::<SpawnRequest>();
+        std::thread::Builder::new()
+            .name("testdb-spawner".into())
+            .spawn(move || {
+                for (mut cmd, reply) in rx {
+                    let _ = reply.send(cmd.spawn());
+                }
+            })
+            .expect("the spawner thread starts");
+        Mutex::new(tx)
+    });
+    // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let (tx, rx) = mpsc::channel();
+    sender
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .send((cmd, tx))
+        .map_err(|_| std::io::Error::other("the spawner thread is gone"))?;
+    rx.recv()
+        .map_err(|_| std::io::Error::other("the spawner thread is gone"))?
+}
+
+fn root_dir() -> PathBuf {
+    std::env::temp_dir().join("result-inbox-testdb")
+}
+
+/// Removes directories of earlier runs whose test process is gone, killing their servers.
+fn sweep_leftovers(root: &Path) {
+    let Ok(entries) = fs::read_dir(root) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let dir = entry.path();
+        let read_pid = |name: &str| -> Option<i32> {
+            fs::read_to_string(dir.join(name)).ok()?.trim().parse().ok()
+        };
+        match read_pid("owner.pid") {
+            Some(owner) if process_alive(owner) => continue,
+            // A directory being set up right now has no owner file for a moment.
+            None if entry
+                .metadata()
+                .and_then(|m| m.modified())
+                .is_ok_and(|t| t.elapsed().unwrap_or_default() < Duration::from_secs(60)) =>
+            {
+                continue
+            }
+            _ => {}
+        }
+        if let Some(server) = read_pid("data/server.pid") {
+            let cmdline = fs::read(format!("/proc/{server}/cmdline")).unwrap_or_default();
+            if String::from_utf8_lossy(&cmdline).contains(&*dir.to_string_lossy()) {
+                // SAFETY: killing a leftover server of ours, identified by its datadir.
+                unsafe {
+                    libc::kill(server, libc::SIGKILL);
+                }
+            }
+        }
+        let _ = fs::remove_dir_all(&dir);
+    }
+}
+
+/// Which server program, and how to make a datadir for it.
+#[derive(Debug, Clone)]
+struct Program {
+    server: PathBuf,
+    mariadb: bool,
+}
+
+fn find_in_path(name: &str) -> Option<PathBuf> {
+    #[allow(clippy::disallowed_methods)] // the harness looks up its own tools
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain(
+            ["/usr/sbin", "/usr/local/sbin", "/usr/local/mysql/bin"]
+                .iter()
+                .map(PathBuf::from),
+        )
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+}
+
+fn find_program() -> Result<Program, Error> {
+    if let Some(server) = find_in_path("mariadbd") {
+        return Ok(Program {
+            server,
+            mariadb: true,
+        });
+    }
+    if let Some(server) = find_in_path("mysqld") {
+        let version = Command::new(&server)
+            .arg("--version")
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default();
+        return Ok(Program {
+            server,
+            mariadb: version.contains("MariaDB"),
+        });
+    }
+    Err(Error::new(
+        "no MySQL server found: neither mariadbd nor mysqld is on PATH or in /usr/sbin; \
+         install Debian's mariadb-server (scripts/install-deps does), \
+         or set TESTDB_MYSQL_URL to an existing server",
+    ))
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+fn free_loopback_port() -> Result<u16, Error> {
+    // MariaDB reads --port=0 as "the default port", not "any": pick one here.
+    let listener = TcpListener::bind("127.0.0.1:0")
+        .map_err(|e| Error::new(format!("cannot find a free loopback port: {e}")))?;
+    listener
+        .local_addr()
+        .map(|a| a.port())
+        .map_err(|e| Error::new(format!("cannot find a free loopback port: {e}")))
+}
+
+fn tail(path: &Path, bytes: u64) -> String {
+    let Ok(mut f) = fs::File::open(path) else {
+        return format!("(no log at {})", path.display());
+    };
+    let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+    let _ = f.seek(SeekFrom::Start(len.saturating_sub(bytes)));
+    let mut s = String::new();
+    let _ = f.read_to_string(&mut s);
+    s
+}
+
+/// A running local server. Dropping it kills the server and removes its directory.
+#[derive(Debug)]
+pub(crate) struct LocalServer {
+    child: Mutex<Option<Child>>,
+    pid: u32,
+    dir: PathBuf,
+    port: u16,
+    description: String,
+}
+
+impl LocalServer {
+    pub(crate) fn start() -> Result<LocalServer, Error> {
+        let program = find_program()?;
+        let root = root_dir();
+        fs::create_dir_all(&root)
+            .map_err(|e| Error::new(format!("cannot create {}: {e}", root.display())))?;
+        sweep_leftovers(&root);
+
+        static SEQ: AtomicU64 = AtomicU64::new(0);
+        let dir = root.join(format!(
+            "{}-{}",
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::SeqCst)
+        ));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir)
+            .map_err(|e| Error::new(format!("cannot create {}: {e}", dir.display())))?;
+        fs::write(dir.join("owner.pid"), std::process::id().to_string())
+            .map_err(|e| Error::new(format!("cannot write in {}: {e}", dir.display())))?;
+
+        let result = Self::install(&program, &dir).and_then(|()| {
+            // A port can be taken between choosing and binding; try a few.
+            let mut last = None;
+            for _ in 0..3 {
+                match Self::launch(&program, &dir) {
+                    Ok(server) => return Ok(server),
+                    Err(e) if e.0.contains("Address already in use") => last = Some(e),
+                    Err(e) => return Err(e),
+                }
+            }
+            Err(last.unwrap_or_else(|| Error::new("the server did not start")))
+        });
+        if result.is_err() {
+            let _ = fs::remove_dir_all(&dir);
+        }
+        result
+    }
+
+    fn install(program: &Program, dir: &Path) -> Result<(), Error> {
+        let data = dir.join("data");
+        let log = dir.join("install.log");
+        let log_file =
+            fs::File::create(&log).map_err(|e| Error::new(format!("cannot create log: {e}")))?;
+        let mut cmd = if program.mariadb {
+            let installer = find_in_path("mariadb-install-db")
+                .or_else(|| find_in_path("mysql_install_db"))
+                .ok_or_else(|| Error::new("mariadb-install-db is not installed"))?;
+            let mut cmd = Command::new(installer);
+            cmd.arg("--no-defaults")
+                .arg(format!("--datadir={}", data.display()))
+                .arg("--auth-root-authentication-method=normal")
+                .arg("--skip-test-db");
+            if is_root() {
+                cmd.arg("--user=root");
+            }
+            cmd
+        } else {
+            let mut cmd = Command::new(&program.server);
+            cmd.arg("--no-defaults")
+                .arg("--initialize-insecure")
+                .arg(format!("--datadir={}", data.display()));
+            if is_root() {
+                cmd.arg("--user=root");
+            }
+            cmd
+        };
+        let status = cmd
+            .stdin(Stdio::null())
+            .stdout(log_file.try_clone().map_err(|e| Error::new(e.to_string()))?)
+            .stderr(log_file)
+            .status()
+            .map_err(|e| Error::new(format!("cannot run the datadir installer: {e}")))?;
+        if !status.success() {
+            return Err(Error::new(format!(
+                "creating a datadir failed ({status}); log {}:\n{}",
+                log.display(),
+                tail(&log, 2000)
+            )));
+        }
+        Ok(())
+    }
+
+    fn launch(program: &Program, dir: &Path) -> Result<LocalServer, Error> {
+        let port = free_loopback_port()?;
+        let data = dir.join("data");
+        let log = dir.join("error.log");
+        let _ = fs::remove_file(&log);
+        let mut cmd = Command::new(&program.server);
+        cmd.arg("--no-defaults")
+            .arg(format!("--datadir={}", data.display()))
+            .arg(format!("--port={port}"))
+            .arg("--bind-address=127.0.0.1")
+            .arg(format!("--socket={}", dir.join("mysqld.sock").display()))
+            .arg(format!("--pid-file={}", data.join("server.pid").display()))
+            .arg(format!("--log-error={}", log.display()))
+            .arg("--innodb-buffer-pool-size=128M")
+            .arg("--max-connections=500");
+        if !program.mariadb {
+            cmd.arg("--mysqlx=OFF");
+        }
+        if is_root() {
+            cmd.arg("--user=root");
+        }
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        let child = spawn_long_lived(cmd).map_err(|e| {
+            Error::new(format!(
+                "cannot start {}: {e}",
+                program.server.display()
+            ))
+        })?;
+        let pid = child.id();
+        register(Cleanup::Process {
+            pid,
+            dir: dir.to_path_buf(),
+        });
+        let mut server = LocalServer {
+            child: Mutex::new(Some(child)),
+            pid,
+            dir: dir.to_path_buf(),
+            port,
+            description: String::new(),
+        };
+        let version = server.wait_ready(&log)?;
+        let name = program
+            .server
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        server.description = format!("{version} (local {name}, 127.0.0.1:{port})");
+        Ok(server)
+    }
+
+    /// Waits until the server answers `SELECT 1`, failing fast if it exits.
+    fn wait_ready(&self, log: &Path) -> Result<String, Error> {
+        let start = Instant::now();
+        let mut announced = false;
+        loop {
+            if let Some(status) = self.try_wait() {
+                return Err(Error::new(format!(
+                    "the server exited during start-up ({status}); log {}:\n{}",
+                    log.display(),
+                    tail(log, 3000)
+                )));
+            }
+            if TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
+                let url = provision::url("root", "", &format!("127.0.0.1:{}", self.port), None);
+                if let Ok(version) = provision::block_on(provision::select_version(url)) {
+                    return Ok(version);
+                }
+            }
+            let waited = start.elapsed();
+            if waited > READY_TIMEOUT {
+                return Err(Error::new(format!(
+                    "the server on 127.0.0.1:{} did not answer SELECT 1 within {READY_TIMEOUT:?}; log {}:\n{}",
+                    self.port,
+                    log.display(),
+                    tail(log, 3000)
+                )));
+            }
+            if waited > Duration::from_secs(5) && !announced {
+                eprintln!(
+                    "testdb: still waiting for the server on 127.0.0.1:{} to answer SELECT 1 (log: {})",
+                    self.port,
+                    log.display()
+                );
+                announced = true;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn try_wait(&self) -> Option<std::process::ExitStatus> {
+        let mut guard = self.child.lock().unwrap_or_else(|p| p.into_inner());
+        guard.as_mut().and_then(|c| c.try_wait().ok().flatten())
+    }
+
+    pub(crate) fn port(&self) -> u16 {
+        self.port
+    }
+
+    pub(crate) fn description(&self) -> &str {
+        &self.description
+    }
+
+    pub(crate) fn log_path(&self) -> PathBuf {
+        self.dir.join("error.log")
+    }
+
+    /// SIGKILL and reap; returns whether the server was still running.
+    pub(crate) fn kill(&self) -> bool {
+        let mut guard = self.child.lock().unwrap_or_else(|p| p.into_inner());
+        match guard.take() {
+            Some(mut child) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+impl Drop for LocalServer {
+    fn drop(&mut self) {
+        self.kill();
+        unregister_pid(self.pid);
+        let _ = fs::remove_dir_all(&self.dir);
+    }
+}

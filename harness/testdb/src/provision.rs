@@ -1,0 +1,338 @@
+//! Per-test databases and accounts on a [`Server`], removed when the test is done.
+
+use std::collections::hash_map::RandomState;
+use std::hash::{BuildHasher, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use sqlx::{Connection, Executor, MySqlConnection, Row};
+
+use crate::{Error, Server};
+
+/// The DBA's grants, with the placeholder names this module replaces.
+const GRANTS_SQL: &str = include_str!("../../../schema/grants.sql");
+
+/// Runs `fut` to completion on a fresh single-threaded runtime in its own thread, so that it
+/// works from synchronous code, from inside a runtime, and from `Drop`.
+pub(crate) fn block_on<F, T>(fut: F) -> T
+where
+    F: std::future::Future<Output = T> + Send,
+    T: Send,
+{
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a tokio runtime starts")
+                .block_on(fut)
+        })
+        .join()
+        .expect("the helper thread does not panic")
+    })
+}
+
+/// Percent-encodes what a URL's userinfo or path cannot hold literally.
+fn encode(s: &str) -> String {
+    let mut out = String::new();
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// `mysql://user[:password]@address[/database]`.
+pub(crate) fn url(user: &str, password: &str, address: &str, database: Option<&str>) -> String {
+    let mut u = format!("mysql://{}", encode(user));
+    if !password.is_empty() {
+        u.push(':');
+        u.push_str(&encode(password));
+    }
+    u.push('@');
+    u.push_str(address);
+    if let Some(db) = database {
+        u.push('/');
+        u.push_str(&encode(db));
+    }
+    u
+}
+
+async fn connect(url: &str) -> Result<MySqlConnection, Error> {
+    MySqlConnection::connect(url)
+        .await
+        .map_err(|e| Error::new(format!("cannot connect as admin: {e}")))
+}
+
+pub(crate) async fn select_version(url: String) -> Result<String, Error> {
+    let mut conn = connect(&url).await?;
+    let version: String = sqlx::query("SELECT VERSION()")
+        .fetch_one(&mut conn)
+        .await
+        .and_then(|r| r.try_get(0))
+        .map_err(|e| Error::new(format!("SELECT VERSION() failed: {e}")))?;
+    let _ = conn.close().await;
+    Ok(version)
+}
+
+pub(crate) async fn server_version(server: &Server) -> Result<String, Error> {
+    select_version(server.admin_url()).await
+}
+
+fn random_password() -> String {
+    let mut h = RandomState::new().build_hasher();
+    h.write_u128(
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_nanos(),
+    );
+    let a = h.finish();
+    let mut h = RandomState::new().build_hasher();
+    h.write_u64(a);
+    format!("P{:016x}{:016x}", a, h.finish())
+}
+
+/// A MySQL account made for one test.
+#[derive(Clone)]
+pub struct Account {
+    pub user: String,
+    pub password: String,
+}
+
+impl std::fmt::Debug for Account {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Account({}, password: ***)", self.user)
+    }
+}
+
+/// One test's databases and accounts. Dropping it drops them.
+#[derive(Debug)]
+pub struct Provisioned {
+    address: String,
+    admin_url: String,
+    /// The platform's database (`orbit_test_<pid>_<n>`).
+    pub platform_db: String,
+    /// The receiver's database (`orbit_receiver_test_<pid>_<n>`).
+    pub receiver_db: String,
+    /// May create tables in the receiver database; nothing else.
+    pub init: Account,
+    /// SELECT, INSERT, UPDATE on the two receiver tables, once [`Provisioned::grant_runtime`]
+    /// has run; nothing else.
+    pub runtime: Account,
+    /// Everything on the platform database; nothing on the receiver's.
+    pub platform: Account,
+}
+
+static SEQ: AtomicU64 = AtomicU64::new(0);
+
+impl Server {
+    /// Creates fresh databases and accounts for one test, with the init and platform grants.
+    /// The runtime grants need the tables: call [`Provisioned::grant_runtime`] after init.
+    pub async fn provision(&self) -> Result<Provisioned, Error> {
+        let pid = std::process::id();
+        let n = SEQ.fetch_add(1, Ordering::SeqCst);
+        let tag = format!("{pid}_{n}");
+        let account = |role: &str| Account {
+            user: format!("rit_{tag}_{role}"),
+            password: random_password(),
+        };
+        let p = Provisioned {
+            address: self.address(),
+            admin_url: self.admin_url(),
+            platform_db: format!("orbit_test_{tag}"),
+            receiver_db: format!("orbit_receiver_test_{tag}"),
+            init: account("init"),
+            runtime: account("run"),
+            platform: account("plat"),
+        };
+        let mut conn = connect(&p.admin_url).await?;
+        let mut stmts = vec![
+            format!("CREATE DATABASE `{}` CHARACTER SET utf8mb4", p.platform_db),
+            format!("CREATE DATABASE `{}` CHARACTER SET utf8mb4", p.receiver_db),
+        ];
+        for a in [&p.init, &p.runtime, &p.platform] {
+            stmts.push(format!(
+                "CREATE USER '{}'@'%' IDENTIFIED BY '{}'",
+                a.user, a.password
+            ));
+        }
+        stmts.extend(p.grants(false));
+        stmts.push(format!(
+            "GRANT ALL PRIVILEGES ON `{}`.* TO '{}'@'%'",
+            p.platform_db, p.platform.user
+        ));
+        for stmt in &stmts {
+            conn.execute(stmt.as_str()).await.map_err(|e| {
+                Error::new(format!(
+                    "provisioning failed at `{}`: {e}",
+                    stmt.split(" IDENTIFIED").next().unwrap_or(stmt)
+                ))
+            })?;
+        }
+        let _ = conn.close().await;
+        Ok(p)
+    }
+}
+
+impl Provisioned {
+    /// The statements of `schema/grants.sql` for this test's names: the init step, or the
+    /// runtime step.
+    fn grants(&self, runtime: bool) -> Vec<String> {
+        GRANTS_SQL
+            .lines()
+            .filter(|l| !l.trim_start().starts_with("--"))
+            .collect::<Vec<_>>()
+            .join("\n")
+            .split(';')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .filter(|s| s.contains("receiver_runtime") == runtime)
+            .map(|s| {
+                s.replace("`orbit_receiver`", &format!("`{}`", self.receiver_db))
+                    .replace("'receiver_init'", &format!("'{}'", self.init.user))
+                    .replace("'receiver_runtime'", &format!("'{}'", self.runtime.user))
+                    .replace("'localhost'", "'%'")
+            })
+            .collect()
+    }
+
+    /// Runs the runtime step of `schema/grants.sql` (after the tables exist).
+    pub async fn grant_runtime(&self) -> Result<(), Error> {
+        let mut conn = connect(&self.admin_url).await?;
+        for stmt in self.grants(true) {
+            conn.execute(stmt.as_str())
+                .await
+                .map_err(|e| Error::new(format!("runtime grant failed: {e}")))?;
+        }
+        let _ = conn.close().await;
+        Ok(())
+    }
+
+    fn receiver_url_for(&self, a: &Account) -> String {
+        url(&a.user, &a.password, &self.address, Some(&self.receiver_db))
+    }
+
+    /// The init account's URL on the receiver database.
+    pub fn init_url(&self) -> String {
+        self.receiver_url_for(&self.init)
+    }
+
+    /// The runtime account's URL on the receiver database.
+    pub fn runtime_url(&self) -> String {
+        self.receiver_url_for(&self.runtime)
+    }
+
+    /// The platform account's URL on the platform database.
+    pub fn platform_url(&self) -> String {
+        url(
+            &self.platform.user,
+            &self.platform.password,
+            &self.address,
+            Some(&self.platform_db),
+        )
+    }
+
+    /// The runtime account's URL on the platform database (which it must not be able to use).
+    pub fn runtime_url_on_platform_db(&self) -> String {
+        url(
+            &self.runtime.user,
+            &self.runtime.password,
+            &self.address,
+            Some(&self.platform_db),
+        )
+    }
+
+    /// The admin URL on the receiver database, for tests that inspect or interfere.
+    pub fn admin_receiver_url(&self) -> String {
+        let mut u = self.admin_url.clone();
+        u.push('/');
+        u.push_str(&self.receiver_db);
+        u
+    }
+
+    /// `host:port`.
+    pub fn address(&self) -> &str {
+        &self.address
+    }
+
+    async fn drop_all(admin_url: String, dbs: [String; 2], users: [String; 3]) {
+        let Ok(mut conn) = connect(&admin_url).await else {
+            return;
+        };
+        for db in dbs {
+            let _ = conn
+                .execute(format!("DROP DATABASE IF EXISTS `{db}`").as_str())
+                .await;
+        }
+        for user in users {
+            let _ = conn
+                .execute(format!("DROP USER IF EXISTS '{user}'@'%'").as_str())
+                .await;
+        }
+        let _ = conn.close().await;
+    }
+}
+
+impl Drop for Provisioned {
+    fn drop(&mut self) {
+        block_on(Self::drop_all(
+            self.admin_url.clone(),
+            [self.platform_db.clone(), self.receiver_db.clone()],
+            [
+                self.init.user.clone(),
+                self.runtime.user.clone(),
+                self.platform.user.clone(),
+            ],
+        ));
+    }
+}
+
+/// On an existing server on this machine: drops the databases and users of earlier runs whose
+/// test process is gone. A server elsewhere is left alone (its pids are not ours to judge).
+pub(crate) async fn sweep_leftovers(server: &Server) -> Result<(), Error> {
+    if !matches!(server.host.as_str(), "127.0.0.1" | "localhost" | "::1") {
+        return Ok(());
+    }
+    let mut conn = connect(&server.admin_url()).await?;
+    let dead = |name: &str| -> bool {
+        let pid = name
+            .trim_start_matches("orbit_receiver_test_")
+            .trim_start_matches("orbit_test_")
+            .trim_start_matches("rit_")
+            .split('_')
+            .next()
+            .and_then(|p| p.parse::<i32>().ok());
+        // SAFETY: signal 0 only checks for existence.
+        pid.is_some_and(|p| unsafe { libc::kill(p, 0) != 0 })
+    };
+    let dbs: Vec<String> = sqlx::query(
+        "SELECT schema_name FROM information_schema.schemata \
+         WHERE schema_name LIKE 'orbit\\_test\\_%' OR schema_name LIKE 'orbit\\_receiver\\_test\\_%'",
+    )
+    .fetch_all(&mut conn)
+    .await
+    .map(|rows| rows.iter().filter_map(|r| r.try_get(0).ok()).collect())
+    .unwrap_or_default();
+    for db in dbs.iter().filter(|d| dead(d)) {
+        let _ = conn
+            .execute(format!("DROP DATABASE IF EXISTS `{db}`").as_str())
+            .await;
+    }
+    let users: Vec<String> =
+        sqlx::query("SELECT user FROM mysql.user WHERE user LIKE 'rit\\_%' AND host = '%'")
+            .fetch_all(&mut conn)
+            .await
+            .map(|rows| rows.iter().filter_map(|r| r.try_get(0).ok()).collect())
+            .unwrap_or_default();
+    for user in users.iter().filter(|u| dead(u)) {
+        let _ = conn
+            .execute(format!("DROP USER IF EXISTS '{user}'@'%'").as_str())
+            .await;
+    }
+    let _ = conn.close().await;
+    Ok(())
+}
