@@ -32,6 +32,8 @@ pub const MAX_DEPTH: usize = 128;
 /// else (inside `result`, say) are ordinary strings and are never touched.
 pub const TIMESTAMP_MEMBERS: &[&str] = &["occurred_at"];
 
+const NOT_A_TIMESTAMP: &str = "is not a strict RFC 3339 date-time within years 0000-9999";
+
 /// The version of the canonical form this module produces.
 pub const FORM_VERSION: u32 = 1;
 
@@ -249,15 +251,13 @@ impl<'a> Document<'a> {
                     Value::String(s) => timestamp::normalize_rfc3339(s),
                     _ => None,
                 };
-                match normalised {
-                    Some(utc) => *value = Value::String(Cow::Owned(utc)),
-                    None => {
-                        return Err(CanonError::new(
-                            CanonErrorKind::InvalidTimestamp,
-                            format!("`{name}` is not a strict RFC 3339 date-time within years 0000-9999"),
-                        ))
-                    }
-                }
+                let Some(utc) = normalised else {
+                    return Err(CanonError::new(
+                        CanonErrorKind::InvalidTimestamp,
+                        format!("`{name}` {NOT_A_TIMESTAMP}"),
+                    ));
+                };
+                *value = Value::String(Cow::Owned(utc));
             }
         }
         Ok(Document { members })

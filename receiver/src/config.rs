@@ -266,8 +266,9 @@ mod tests {
         assert_eq!(e.0.len(), 1);
         assert!(e.to_string().starts_with("ORBIT_RECEIVER_DSN is not set"));
 
-        let env: HashMap<&str, &str> =
-            [(ORBIT_RECEIVER_DSN, "mysql://u:s3cret@h:1")].into_iter().collect();
+        let env: HashMap<&str, &str> = [(ORBIT_RECEIVER_DSN, "mysql://u:s3cret@h:1")]
+            .into_iter()
+            .collect();
         let e = InitConfig::from_source(&env).unwrap_err().to_string();
         assert!(e.contains("ORBIT_RECEIVER_DSN names no database"), "{e}");
         assert!(!e.contains("s3cret"), "{e}");

@@ -332,7 +332,9 @@ mod tests {
     fn every_type_with_another_state_is_refused() {
         for (t, s) in EVENT_TYPES {
             for (_, other) in EVENT_TYPES.iter().filter(|(_, o)| o != s) {
-                let r = parse(&format!(r#""type":"{t}","state":"{other}","task_version":1"#));
+                let r = parse(&format!(
+                    r#""type":"{t}","state":"{other}","task_version":1"#
+                ));
                 assert_eq!(r.unwrap_err().kind(), "state_mismatch", "{t} with {other}");
             }
         }
@@ -355,10 +357,9 @@ mod tests {
             r#""type":"task.cancelled","state":"CANCELLED","task_version":2,"result":{"x":1}"#,
         );
         assert_eq!(r.unwrap_err().kind(), "result_not_allowed");
-        let ok = parse(
-            r#""type":"task.cancelled","state":"CANCELLED","task_version":2,"result":null"#,
-        )
-        .unwrap();
+        let ok =
+            parse(r#""type":"task.cancelled","state":"CANCELLED","task_version":2,"result":null"#)
+                .unwrap();
         assert_eq!(ok.result(), None);
         let failed =
             parse(r#""type":"task.failed","state":"FAILED","task_version":2,"result":"boom""#)
@@ -368,13 +369,24 @@ mod tests {
 
     #[test]
     fn versions() {
-        for bad in ["0", "-1", "1.0", "1e2", "-0", "18446744073709551616", "\"2\""] {
+        for bad in [
+            "0",
+            "-1",
+            "1.0",
+            "1e2",
+            "-0",
+            "18446744073709551616",
+            "\"2\"",
+        ] {
             let r = parse(&format!(
                 r#""type":"task.cancelled","state":"CANCELLED","task_version":{bad}"#
             ));
             assert_eq!(r.unwrap_err().kind(), "invalid_version", "{bad}");
         }
-        let max = parse(r#""type":"task.cancelled","state":"CANCELLED","task_version":18446744073709551615"#).unwrap();
+        let max = parse(
+            r#""type":"task.cancelled","state":"CANCELLED","task_version":18446744073709551615"#,
+        )
+        .unwrap();
         assert_eq!(max.version(), u64::MAX);
     }
 

@@ -167,6 +167,9 @@ mod tests {
         );
         assert_eq!(TaskId::new(""), Err(IdentityError::Empty));
         assert_eq!(QueueId::new("a\u{0}b"), Err(IdentityError::Control));
-        assert_ne!(EventId::new("evt-A").unwrap(), EventId::new("evt-a").unwrap());
+        assert_ne!(
+            EventId::new("evt-A").unwrap(),
+            EventId::new("evt-a").unwrap()
+        );
     }
 }

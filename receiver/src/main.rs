@@ -17,7 +17,12 @@ environment:
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    match args.iter().map(String::as_str).collect::<Vec<_>>().as_slice() {
+    match args
+        .iter()
+        .map(String::as_str)
+        .collect::<Vec<_>>()
+        .as_slice()
+    {
         ["init"] => init(),
         ["help" | "--help" | "-h"] => {
             println!("{USAGE}");

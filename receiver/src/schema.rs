@@ -126,16 +126,14 @@ pub fn statements(sql: &str) -> Vec<String> {
 /// Creates the receiver's tables in the database `dsn` names.
 pub async fn init(dsn: &Dsn) -> Result<InitReport, InitError> {
     let options = connect_options(dsn).map_err(InitError::Connect)?;
-    let mut conn = MySqlConnection::connect_with(&options)
-        .await
-        .map_err(|e| {
-            let error = StorageError::from_sqlx(&e);
-            match error.number() {
-                // Unknown database; access denied to the database.
-                Some(1049 | 1044) => InitError::UnknownDatabase(dsn.database().to_owned()),
-                _ => InitError::Connect(error),
-            }
-        })?;
+    let mut conn = MySqlConnection::connect_with(&options).await.map_err(|e| {
+        let error = StorageError::from_sqlx(&e);
+        match error.number() {
+            // Unknown database; access denied to the database.
+            Some(1049 | 1044) => InitError::UnknownDatabase(dsn.database().to_owned()),
+            _ => InitError::Connect(error),
+        }
+    })?;
 
     let existing: Vec<String> = sqlx::query(EXISTING_TABLES)
         .fetch_all(&mut conn)

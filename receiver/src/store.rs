@@ -132,7 +132,10 @@ pub enum Conflict {
     /// Same consumer, queue and event id, different canonical content.
     DigestMismatch { stored: Digest, delivered: Digest },
     /// Same task and version as the view's, but another event id.
-    SameVersionOtherEvent { version: u64, recorded_event: String },
+    SameVersionOtherEvent {
+        version: u64,
+        recorded_event: String,
+    },
 }
 
 impl Conflict {
@@ -494,8 +497,11 @@ impl Store {
             return Err(ApplyError::Rejected(Rejection::QueueMismatch));
         }
         let commit_sent = AtomicBool::new(false);
-        match tokio::time::timeout(self.apply_timeout, self.apply_once(event, write, &commit_sent))
-            .await
+        match tokio::time::timeout(
+            self.apply_timeout,
+            self.apply_once(event, write, &commit_sent),
+        )
+        .await
         {
             Ok(result) => result,
             // The future, and with it the connection, was dropped: the guard closed the
@@ -585,7 +591,9 @@ impl Store {
                     Err(e) if mysql_number(&e) == Some(ER_DUP_ENTRY) => self
                         .lock_view(conn, task)
                         .await?
-                        .ok_or(StorageError::unexpected("view row vanished after a duplicate key"))
+                        .ok_or(StorageError::unexpected(
+                            "view row vanished after a duplicate key",
+                        ))
                         .map_err(ApplyError::Storage)?,
                     Err(e) => return Err(e.into()),
                 }

@@ -73,8 +73,9 @@ pub struct Server {
 enum Backend {
     Local(local::LocalServer),
     Existing,
+    /// Held for its `Drop`, which removes the container.
     #[cfg(feature = "container")]
-    Container(container::ContainerServer),
+    Container(#[allow(dead_code)] container::ContainerServer),
 }
 
 #[allow(clippy::disallowed_methods)] // the harness reads its own variables, not the receiver's
@@ -123,11 +124,15 @@ impl Server {
         let url = env(TESTDB_MYSQL_URL)
             .ok_or_else(|| Error::new(format!("{TESTDB_MYSQL_URL} is not set")))?;
         let rest = url.strip_prefix("mysql://").ok_or_else(|| {
-            Error::new(format!("{TESTDB_MYSQL_URL} must look like mysql://admin:password@host:port"))
+            Error::new(format!(
+                "{TESTDB_MYSQL_URL} must look like mysql://admin:password@host:port"
+            ))
         })?;
         let rest = rest.trim_end_matches('/');
         let (userinfo, hostport) = rest.rsplit_once('@').ok_or_else(|| {
-            Error::new(format!("{TESTDB_MYSQL_URL} must name an admin user: mysql://admin:password@host:port"))
+            Error::new(format!(
+                "{TESTDB_MYSQL_URL} must name an admin user: mysql://admin:password@host:port"
+            ))
         })?;
         let (user, password) = userinfo.split_once(':').unwrap_or((userinfo, ""));
         let (host, port) = hostport.rsplit_once(':').unwrap_or((hostport, "3306"));
@@ -201,7 +206,12 @@ impl Server {
 
     /// An admin URL (no database); it carries a password only for an existing server.
     pub fn admin_url(&self) -> String {
-        provision::url(&self.admin_user, &self.admin_password, &self.address(), None)
+        provision::url(
+            &self.admin_user,
+            &self.admin_password,
+            &self.address(),
+            None,
+        )
     }
 
     /// Kills a local server with SIGKILL, as a crash would; returns whether one was killed.

@@ -21,9 +21,14 @@ use crate::{provision, Error, READY_TIMEOUT};
 
 /// Servers and containers this process still has to remove at exit.
 pub(crate) enum Cleanup {
-    Process { pid: u32, dir: PathBuf },
+    Process {
+        pid: u32,
+        dir: PathBuf,
+    },
     #[cfg_attr(not(feature = "container"), allow(dead_code))]
-    Container { id: String },
+    Container {
+        id: String,
+    },
 }
 
 static LIVE: Mutex<Vec<Cleanup>> = Mutex::new(Vec::new());
@@ -310,7 +315,11 @@ impl LocalServer {
         };
         let status = cmd
             .stdin(Stdio::null())
-            .stdout(log_file.try_clone().map_err(|e| Error::new(e.to_string()))?)
+            .stdout(
+                log_file
+                    .try_clone()
+                    .map_err(|e| Error::new(e.to_string()))?,
+            )
             .stderr(log_file)
             .status()
             .map_err(|e| Error::new(format!("cannot run the datadir installer: {e}")))?;
@@ -348,12 +357,8 @@ impl LocalServer {
         cmd.stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null());
-        let child = spawn_long_lived(cmd).map_err(|e| {
-            Error::new(format!(
-                "cannot start {}: {e}",
-                program.server.display()
-            ))
-        })?;
+        let child = spawn_long_lived(cmd)
+            .map_err(|e| Error::new(format!("cannot start {}: {e}", program.server.display())))?;
         let pid = child.id();
         register(Cleanup::Process {
             pid,

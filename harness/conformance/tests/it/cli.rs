@@ -74,7 +74,10 @@ fn a_dsn_without_a_database_is_refused_before_connecting() {
     let started = Instant::now();
     let out = receiver(
         &["init"],
-        &[("ORBIT_RECEIVER_DSN", "mysql://receiver_init:s3cret@127.0.0.1:1")],
+        &[(
+            "ORBIT_RECEIVER_DSN",
+            "mysql://receiver_init:s3cret@127.0.0.1:1",
+        )],
     );
     assert!(started.elapsed() < Duration::from_secs(5));
     assert_eq!(out.status.code(), Some(2));
@@ -106,7 +109,9 @@ fn missing_configuration_and_commands_are_one_clear_line() {
 #[tokio::test]
 async fn an_unknown_database_gets_a_clear_error() {
     let db = ReceiverDb::provisioned().await;
-    let url = db.init_url().replace(&db.receiver_db, "no_such_receiver_db");
+    let url = db
+        .init_url()
+        .replace(&db.receiver_db, "no_such_receiver_db");
     let out = receiver(&["init"], &[("ORBIT_RECEIVER_DSN", &url)]);
     assert_eq!(out.status.code(), Some(1));
     let err = text(&out.stderr);

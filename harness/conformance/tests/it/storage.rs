@@ -59,9 +59,16 @@ async fn eight_concurrent_identical_events_advance_the_view_once() {
     assert_eq!(view.task_version, 1);
     assert_eq!(view.last_state, "CANCELLED");
     let mut admin = rdb.admin().await;
-    assert_eq!(count(&mut admin, "SELECT COUNT(*) FROM receiver_inbox").await, 1);
     assert_eq!(
-        count(&mut admin, "SELECT COUNT(*) FROM receiver_inbox WHERE applied = 1").await,
+        count(&mut admin, "SELECT COUNT(*) FROM receiver_inbox").await,
+        1
+    );
+    assert_eq!(
+        count(
+            &mut admin,
+            "SELECT COUNT(*) FROM receiver_inbox WHERE applied = 1"
+        )
+        .await,
         1
     );
 }
@@ -149,7 +156,10 @@ async fn other_consumer_names_and_queues_are_independent() {
         assert_eq!(view.applied_events, 1);
     }
     let mut admin = rdb.admin().await;
-    assert_eq!(count(&mut admin, "SELECT COUNT(*) FROM receiver_inbox").await, 3);
+    assert_eq!(
+        count(&mut admin, "SELECT COUNT(*) FROM receiver_inbox").await,
+        3
+    );
     assert_eq!(
         count(&mut admin, "SELECT COUNT(*) FROM receiver_task_views").await,
         3
@@ -208,12 +218,18 @@ async fn a_failing_caller_write_rolls_back_inbox_view_and_its_own_rows() {
         Err(e @ ApplyError::Write(_)) => assert_eq!(e.kind(), "write_failed"),
         other => panic!("wanted write_failed, got {other:?}"),
     }
-    assert_eq!(count(&mut admin, "SELECT COUNT(*) FROM receiver_inbox").await, 0);
+    assert_eq!(
+        count(&mut admin, "SELECT COUNT(*) FROM receiver_inbox").await,
+        0
+    );
     assert_eq!(
         count(&mut admin, "SELECT COUNT(*) FROM receiver_task_views").await,
         0
     );
-    assert_eq!(count(&mut admin, "SELECT COUNT(*) FROM business_ledger").await, 0);
+    assert_eq!(
+        count(&mut admin, "SELECT COUNT(*) FROM business_ledger").await,
+        0
+    );
 
     // The event can be retried, and a working write commits with the view.
     assert_eq!(
@@ -223,7 +239,10 @@ async fn a_failing_caller_write_rolls_back_inbox_view_and_its_own_rows() {
             .unwrap(),
         Outcome::Applied
     );
-    assert_eq!(count(&mut admin, "SELECT COUNT(*) FROM business_ledger").await, 1);
+    assert_eq!(
+        count(&mut admin, "SELECT COUNT(*) FROM business_ledger").await,
+        1
+    );
     assert_eq!(
         store
             .view(&task("task-w"))
@@ -241,7 +260,10 @@ async fn a_failing_caller_write_rolls_back_inbox_view_and_its_own_rows() {
             .unwrap(),
         Outcome::Duplicate { applied: true }
     );
-    assert_eq!(count(&mut admin, "SELECT COUNT(*) FROM business_ledger").await, 1);
+    assert_eq!(
+        count(&mut admin, "SELECT COUNT(*) FROM business_ledger").await,
+        1
+    );
 }
 
 /// Records what the session looks like from inside the apply's transaction.
@@ -478,7 +500,10 @@ async fn ids_differing_in_case_or_accents_are_different_events() {
         assert_eq!(store.apply(&event).await.unwrap(), Outcome::Applied, "{t}");
     }
     let mut admin = rdb.admin().await;
-    assert_eq!(count(&mut admin, "SELECT COUNT(*) FROM receiver_inbox").await, 7);
+    assert_eq!(
+        count(&mut admin, "SELECT COUNT(*) FROM receiver_inbox").await,
+        7
+    );
     assert_eq!(
         count(&mut admin, "SELECT COUNT(*) FROM receiver_task_views").await,
         4
@@ -528,9 +553,16 @@ async fn sixty_four_shuffled_versions_end_at_the_highest() {
     assert_eq!(view.last_event_id, "evt-64");
     assert_eq!(view.applied_events, applied);
     let mut admin = rdb.admin().await;
-    assert_eq!(count(&mut admin, "SELECT COUNT(*) FROM receiver_inbox").await, 64);
     assert_eq!(
-        count(&mut admin, "SELECT COUNT(*) FROM receiver_inbox WHERE applied = 1").await,
+        count(&mut admin, "SELECT COUNT(*) FROM receiver_inbox").await,
+        64
+    );
+    assert_eq!(
+        count(
+            &mut admin,
+            "SELECT COUNT(*) FROM receiver_inbox WHERE applied = 1"
+        )
+        .await,
         applied as i64
     );
 }
@@ -608,7 +640,9 @@ async fn the_runtime_account_cannot_delete_create_or_read_the_platform() {
         .apply(&EventSpec::cancelled("evt-g", "task-g", 1).event())
         .await
         .unwrap();
-    let mut runtime = MySqlConnection::connect(&rdb.db.runtime_url()).await.unwrap();
+    let mut runtime = MySqlConnection::connect(&rdb.db.runtime_url())
+        .await
+        .unwrap();
     let denied = |r: Result<sqlx::mysql::MySqlQueryResult, sqlx::Error>| -> u16 {
         let e = r.expect_err("must be denied");
         e.as_database_error()
@@ -637,7 +671,10 @@ async fn the_runtime_account_cannot_delete_create_or_read_the_platform() {
     let e = MySqlConnection::connect(&rdb.db.runtime_url_on_platform_db())
         .await
         .expect_err("the runtime account cannot use the platform database");
-    assert!(e.to_string().contains("1044") || e.to_string().contains("denied"), "{e}");
+    assert!(
+        e.to_string().contains("1044") || e.to_string().contains("denied"),
+        "{e}"
+    );
     // While SELECT, INSERT, UPDATE on its two tables work.
     runtime
         .execute("UPDATE receiver_task_views SET updated_at = updated_at")

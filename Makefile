@@ -1,0 +1,32 @@
+# A thin list of cargo calls. `make help` lists the targets.
+CARGO ?= cargo
+
+.DEFAULT_GOAL := help
+.PHONY: help deps check build test unit integration demo
+
+help: ## List the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
+
+deps: ## Install what a fresh machine lacks (Debian's mariadb-server when no mysqld/mariadbd)
+	@scripts/install-deps
+
+check: ## Format, lint (warnings denied), build, and check the container backend feature
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	$(CARGO) build --workspace
+	$(CARGO) check -p testdb --features container
+
+build: ## Build every crate and binary
+	$(CARGO) build --workspace --bins
+
+test: deps build ## Every test: unit tests and the real-server suites
+	$(CARGO) test --workspace
+
+unit: ## Only the tests that need no server
+	$(CARGO) test --workspace --exclude conformance
+
+integration: deps build ## Only the suites that need a real MySQL server
+	$(CARGO) test -p conformance
+
+demo: deps ## The receiver's demo on a throwaway MySQL server
+	$(CARGO) run -q -p conformance --bin store-demo
