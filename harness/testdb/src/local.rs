@@ -84,9 +84,17 @@ fn kill_and_reap(pid: u32) {
     }
 }
 
-fn process_alive(pid: i32) -> bool {
-    // SAFETY: signal 0 only checks for existence.
-    unsafe { libc::kill(pid, 0) == 0 || *libc::__errno_location() == libc::EPERM }
+/// Whether `pid` is a live process. A zombie (killed, not yet reaped) counts as gone.
+pub(crate) fn process_alive(pid: i32) -> bool {
+    match fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the command name, which is in parentheses and may hold spaces.
+        Ok(stat) => !matches!(
+            stat.rsplit_once(')')
+                .and_then(|(_, rest)| rest.trim_start().chars().next()),
+            Some('Z' | 'X') | None
+        ),
+        Err(_) => false,
+    }
 }
 
 /// A request to the spawner thread.

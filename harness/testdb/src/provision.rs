@@ -306,8 +306,7 @@ pub(crate) async fn sweep_leftovers(server: &Server) -> Result<(), Error> {
             .split('_')
             .next()
             .and_then(|p| p.parse::<i32>().ok());
-        // SAFETY: signal 0 only checks for existence.
-        pid.is_some_and(|p| unsafe { libc::kill(p, 0) != 0 })
+        pid.is_some_and(|p| !crate::local::process_alive(p))
     };
     let dbs: Vec<String> = sqlx::query(
         "SELECT schema_name FROM information_schema.schemata \

@@ -681,3 +681,48 @@ async fn the_runtime_account_cannot_delete_create_or_read_the_platform() {
         .await
         .unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_apply_past_its_time_budget_fails_without_committing() {
+    let rdb = ReceiverDb::new().await;
+    let store = receiver::Store::connect(
+        &rdb.runtime_dsn(),
+        receiver::ConsumerName::default(),
+        QueueId::new(conformance::QUEUE).unwrap(),
+        receiver::StoreOptions {
+            max_connections: 4,
+            apply_timeout: Duration::from_millis(300),
+        },
+    )
+    .await
+    .unwrap();
+    let event = EventSpec::cancelled("evt-slow", "task-slow", 1).event();
+    let mut rival = competitor(&rdb, &event).await;
+    match store.apply(&event).await {
+        Err(e @ ApplyError::Timeout(_)) => {
+            assert_eq!(e.kind(), "timeout");
+            assert!(e.is_retryable());
+        }
+        other => panic!("wanted a timeout, got {other:?}"),
+    }
+    rival.execute("ROLLBACK").await.unwrap();
+    drop(rival);
+    // Redelivered later, it applies once; the timed-out attempt left nothing behind.
+    let mut outcome = store.apply(&event).await;
+    for _ in 0..20 {
+        if !matches!(outcome, Err(ApplyError::Timeout(_))) {
+            break;
+        }
+        outcome = store.apply(&event).await;
+    }
+    assert_eq!(outcome.unwrap(), Outcome::Applied);
+    assert_eq!(
+        store
+            .view(&task("task-slow"))
+            .await
+            .unwrap()
+            .unwrap()
+            .applied_events,
+        1
+    );
+}
