@@ -16,7 +16,7 @@
 //! | applied, view exists | `BEGIN`, [`INSERT_INBOX`], [`LOCK_VIEW`], [`ADVANCE`], `COMMIT` | 5 |
 //! | applied, first event of the task | the same plus [`CREATE_VIEW`] | 6 |
 //! | stale (older version) | `BEGIN`, [`INSERT_INBOX`], [`LOCK_VIEW`], `COMMIT` | 4 |
-//! | duplicate | `BEGIN`, [`INSERT_INBOX`] → 1062, `ROLLBACK`, [`READ_INBOX`] | 4 |
+//! | duplicate | `BEGIN`, [`INSERT_INBOX`] → 1062, `ROLLBACK`, [`READ_VERDICT`] | 4 |
 //! | conflict (same version, other event) | `BEGIN`, [`INSERT_INBOX`], [`LOCK_VIEW`], `ROLLBACK` | 4 |
 //!
 //! plus whatever a caller's [`BusinessWrite`] sends, inside the same transaction.
@@ -87,8 +87,13 @@ pub const ADVANCE: &str = "UPDATE receiver_task_views v \
          i.applied = 1 \
      WHERE v.consumer_name = ? AND v.queue_id = ? AND v.task_id = ?";
 
-/// Reads the committed inbox record after a duplicate key (READ COMMITTED sees it: the 1062
-/// is only raised once the competitor has committed).
+/// Reads the committed inbox record's digest and flag after a duplicate key (READ COMMITTED
+/// sees it: the 1062 is only raised once the competitor has committed). Not the frozen event:
+/// a duplicate should not cost a transfer of up to 512 KiB.
+pub const READ_VERDICT: &str = "SELECT event_digest, applied FROM receiver_inbox \
+     WHERE consumer_name = ? AND queue_id = ? AND event_id = ?";
+
+/// Reads a whole inbox record (not part of apply).
 pub const READ_INBOX: &str = "SELECT event_digest, applied, event_canonical FROM receiver_inbox \
      WHERE consumer_name = ? AND queue_id = ? AND event_id = ?";
 
@@ -186,6 +191,8 @@ pub enum StorageKind {
     Unavailable,
     /// The receiver's tables are missing (run `receiver init`).
     SchemaMissing,
+    /// The server refused the account's user name and password (1045).
+    AccessDenied,
     /// The account lacks a privilege it needs.
     PermissionDenied,
     /// Any other error the server reported.
@@ -217,7 +224,8 @@ impl StorageError {
                     Some(ER_LOCK_DEADLOCK) => StorageKind::Deadlock,
                     Some(ER_LOCK_WAIT_TIMEOUT) => StorageKind::LockWaitTimeout,
                     Some(1146) => StorageKind::SchemaMissing,
-                    Some(1044 | 1045 | 1142 | 1143 | 1227) => StorageKind::PermissionDenied,
+                    Some(1045) => StorageKind::AccessDenied,
+                    Some(1044 | 1142 | 1143 | 1227) => StorageKind::PermissionDenied,
                     // Too many connections, server shutting down, connection killed.
                     Some(1040 | 1053 | 1077 | 1927 | 4031) => StorageKind::Unavailable,
                     _ => StorageKind::Server,
@@ -270,6 +278,9 @@ impl fmt::Display for StorageError {
             StorageKind::Unavailable => "database unavailable, retryable",
             StorageKind::SchemaMissing => {
                 "receiver tables missing: run `receiver init` against this database"
+            }
+            StorageKind::AccessDenied => {
+                "access denied: the server refused the DSN's user name or password"
             }
             StorageKind::PermissionDenied => {
                 "permission denied: see schema/grants.sql for what the account needs"
@@ -416,12 +427,23 @@ pub struct InboxRecord {
 }
 
 /// The receiver's inbox and views for one consumer name and queue.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Store {
     pool: MySqlPool,
     consumer: ConsumerName,
     queue: QueueId,
     apply_timeout: Duration,
+}
+
+/// Names only: the pool's connection options hold the password.
+impl fmt::Debug for Store {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Store")
+            .field("consumer", &self.consumer)
+            .field("queue", &self.queue)
+            .field("apply_timeout", &self.apply_timeout)
+            .finish_non_exhaustive()
+    }
 }
 
 /// Connection options every store connection gets: UTC session time zone, READ COMMITTED.
@@ -670,58 +692,57 @@ impl Store {
         conn: &mut MySqlConnection,
         event: &TaskEvent,
     ) -> Result<Outcome, ApplyError> {
-        let record = self
-            .read_inbox_on(conn, event.id())
-            .await
-            .map_err(ApplyError::Storage)?
+        let row = self
+            .identity_query(READ_VERDICT, event.id())
+            .fetch_optional(&mut *conn)
+            .await?
             .ok_or(ApplyError::Storage(StorageError::unexpected(
                 "inbox row vanished after a duplicate key",
             )))?;
-        if record.digest == event.digest() {
+        let stored = digest_column(&row, 0)?;
+        if stored == event.digest() {
             Ok(Outcome::Duplicate {
-                applied: record.applied,
+                applied: row.try_get(1)?,
             })
         } else {
             Err(ApplyError::Conflict(Conflict::DigestMismatch {
-                stored: record.digest,
+                stored,
                 delivered: event.digest(),
             }))
         }
     }
 
-    async fn read_inbox_on(
-        &self,
-        conn: &mut MySqlConnection,
-        event: &EventId,
-    ) -> Result<Option<InboxRecord>, StorageError> {
-        let row = sqlx::query(READ_INBOX)
+    /// `sql` with this store's consumer name and queue and `event` bound, in that order.
+    fn identity_query<'q>(
+        &'q self,
+        sql: &'q str,
+        event: &'q EventId,
+    ) -> sqlx::query::Query<'q, MySql, sqlx::mysql::MySqlArguments> {
+        sqlx::query(sql)
             .bind(self.consumer.as_str().as_bytes())
             .bind(self.queue.as_str().as_bytes())
             .bind(event.as_str().as_bytes())
-            .fetch_optional(&mut *conn)
-            .await
-            .map_err(|e| StorageError::from_sqlx(&e))?;
-        let Some(row) = row else { return Ok(None) };
-        let decode = |e: sqlx::Error| StorageError::from_sqlx(&e);
-        let digest: Vec<u8> = row.try_get(0).map_err(decode)?;
-        let digest: [u8; 32] = digest
-            .try_into()
-            .map_err(|_| StorageError::unexpected("a stored digest is not 32 bytes"))?;
-        Ok(Some(InboxRecord {
-            digest: Digest(digest),
-            applied: row.try_get(1).map_err(decode)?,
-            canonical: row.try_get(2).map_err(decode)?,
-        }))
     }
 
     /// The committed inbox record of `event`, if any.
     pub async fn inbox_record(&self, event: &EventId) -> Result<Option<InboxRecord>, StorageError> {
-        let mut conn = self
-            .pool
-            .acquire()
+        let decode = |e: sqlx::Error| StorageError::from_sqlx(&e);
+        let Some(row) = self
+            .identity_query(READ_INBOX, event)
+            .fetch_optional(&self.pool)
             .await
-            .map_err(|e| StorageError::from_sqlx(&e))?;
-        self.read_inbox_on(&mut conn, event).await
+            .map_err(decode)?
+        else {
+            return Ok(None);
+        };
+        Ok(Some(InboxRecord {
+            digest: digest_column(&row, 0).map_err(|e| match e {
+                ApplyError::Storage(s) => s,
+                _ => StorageError::unexpected("a stored digest did not decode"),
+            })?,
+            applied: row.try_get(1).map_err(decode)?,
+            canonical: row.try_get(2).map_err(decode)?,
+        }))
     }
 
     /// The committed view of `task`, if any.
@@ -792,6 +813,15 @@ impl Drop for TxConn {
             }
         }
     }
+}
+
+/// A `BINARY(32)` digest column.
+fn digest_column(row: &sqlx::mysql::MySqlRow, index: usize) -> Result<Digest, ApplyError> {
+    let bytes: Vec<u8> = row.try_get(index)?;
+    let bytes: [u8; 32] = bytes.try_into().map_err(|_| {
+        ApplyError::Storage(StorageError::unexpected("a stored digest is not 32 bytes"))
+    })?;
+    Ok(Digest(bytes))
 }
 
 fn mysql_number(e: &sqlx::Error) -> Option<u16> {

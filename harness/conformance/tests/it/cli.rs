@@ -122,3 +122,19 @@ async fn an_unknown_database_gets_a_clear_error() {
     );
     assert!(!err.contains(&db.init.password), "{err}");
 }
+
+#[tokio::test]
+async fn a_wrong_password_is_named_without_echoing_it() {
+    let db = ReceiverDb::provisioned().await;
+    let url = db
+        .init_url()
+        .replace(&db.init.password, "not-the-password-x9");
+    let out = receiver(&["init"], &[("ORBIT_RECEIVER_DSN", &url)]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert_eq!(
+        err,
+        "receiver init: cannot connect to the receiver database: access denied: the server refused the DSN's user name or password (mysql 1045, SQLSTATE 28000)\n"
+    );
+    assert!(!err.contains("not-the-password-x9"));
+}
