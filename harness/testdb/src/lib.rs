@@ -110,14 +110,23 @@ impl Server {
     /// A local `mariadbd`/`mysqld` on a temporary datadir, whatever the environment says.
     pub fn local() -> Result<Server, Error> {
         let server = local::LocalServer::start()?;
-        Ok(Server {
+        Ok(Self::loopback_root(
+            server.port(),
+            server.description().to_owned(),
+            Backend::Local(server),
+        ))
+    }
+
+    /// A server of ours on loopback, administered as `root` without a password.
+    fn loopback_root(port: u16, description: String, backend: Backend) -> Server {
+        Server {
             host: "127.0.0.1".into(),
-            port: server.port(),
+            port,
             admin_user: "root".into(),
             admin_password: String::new(),
-            description: server.description().to_owned(),
-            backend: Backend::Local(server),
-        })
+            description,
+            backend,
+        }
     }
 
     fn existing() -> Result<Server, Error> {
@@ -159,14 +168,11 @@ impl Server {
     #[cfg(feature = "container")]
     fn container() -> Result<Server, Error> {
         let server = container::ContainerServer::start()?;
-        Ok(Server {
-            host: "127.0.0.1".into(),
-            port: server.port(),
-            admin_user: "root".into(),
-            admin_password: String::new(),
-            description: server.description().to_owned(),
-            backend: Backend::Container(server),
-        })
+        Ok(Self::loopback_root(
+            server.port(),
+            server.description().to_owned(),
+            Backend::Container(server),
+        ))
     }
 
     #[cfg(not(feature = "container"))]

@@ -359,61 +359,77 @@ async fn blocked_inserts(rdb: &ReceiverDb, n: i64) {
     }
 }
 
+/// `appliers` concurrent applies of `ours`, started while a rival transaction holds the
+/// uncommitted inbox row of `theirs` (same identity), and seen blocked on it.
+struct Race {
+    store: Arc<receiver::Store>,
+    rival: MySqlConnection,
+    applies: Vec<tokio::task::JoinHandle<Result<Outcome, ApplyError>>>,
+}
+
+async fn race(rdb: &ReceiverDb, theirs: &TaskEvent, ours: TaskEvent, appliers: usize) -> Race {
+    let store = Arc::new(rdb.store().await);
+    let ours = Arc::new(ours);
+    let rival = competitor(rdb, theirs).await;
+    let applies = (0..appliers)
+        .map(|_| {
+            let (store, ours) = (store.clone(), ours.clone());
+            tokio::spawn(async move { store.apply(&ours).await })
+        })
+        .collect();
+    blocked_inserts(rdb, appliers as i64).await;
+    let race = Race {
+        store,
+        rival,
+        applies,
+    };
+    assert!(
+        race.applies.iter().all(|h| !h.is_finished()),
+        "apply must wait for the rival, not report success"
+    );
+    race
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_uncommitted_competitor_blocks_apply_until_it_rolls_back() {
     let rdb = ReceiverDb::new().await;
-    let store = Arc::new(rdb.store().await);
-    let event = Arc::new(EventSpec::cancelled("evt-race", "task-race", 1).event());
-    let mut rival = competitor(&rdb, &event).await;
-
-    let handle = {
-        let (store, event) = (store.clone(), event.clone());
-        tokio::spawn(async move { store.apply(&event).await })
-    };
-    blocked_inserts(&rdb, 1).await;
-    assert!(!handle.is_finished(), "apply must wait, not report success");
-    rival.execute("ROLLBACK").await.unwrap();
-    assert_eq!(handle.await.unwrap().unwrap(), Outcome::Applied);
-    let view = store.view(&task("task-race")).await.unwrap().unwrap();
+    let event = EventSpec::cancelled("evt-race", "task-race", 1).event();
+    let mut race = race(&rdb, &event, event.clone(), 1).await;
+    race.rival.execute("ROLLBACK").await.unwrap();
+    let apply = race.applies.pop().unwrap();
+    assert_eq!(apply.await.unwrap().unwrap(), Outcome::Applied);
+    let view = race.store.view(&task("task-race")).await.unwrap().unwrap();
     assert_eq!(view.applied_events, 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_uncommitted_competitor_that_commits_makes_apply_a_duplicate() {
     let rdb = ReceiverDb::new().await;
-    let store = Arc::new(rdb.store().await);
-    let event = Arc::new(EventSpec::cancelled("evt-race2", "task-race2", 1).event());
-    let mut rival = competitor(&rdb, &event).await;
-    let handle = {
-        let (store, event) = (store.clone(), event.clone());
-        tokio::spawn(async move { store.apply(&event).await })
-    };
-    blocked_inserts(&rdb, 1).await;
-    assert!(!handle.is_finished());
-    rival.execute("COMMIT").await.unwrap();
+    let event = EventSpec::cancelled("evt-race2", "task-race2", 1).event();
+    let mut race = race(&rdb, &event, event.clone(), 1).await;
+    race.rival.execute("COMMIT").await.unwrap();
     // The rival recorded the event without advancing a view: the original applied = false.
+    let apply = race.applies.pop().unwrap();
     assert_eq!(
-        handle.await.unwrap().unwrap(),
+        apply.await.unwrap().unwrap(),
         Outcome::Duplicate { applied: false }
     );
-    assert!(store.view(&task("task-race2")).await.unwrap().is_none());
+    assert!(race
+        .store
+        .view(&task("task-race2"))
+        .await
+        .unwrap()
+        .is_none());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_uncommitted_competitor_with_other_content_ends_in_conflict() {
     let rdb = ReceiverDb::new().await;
-    let store = Arc::new(rdb.store().await);
     let theirs = EventSpec::succeeded("evt-race3", "task-race3", 1, "1").event();
-    let ours = Arc::new(EventSpec::succeeded("evt-race3", "task-race3", 1, "2").event());
-    let mut rival = competitor(&rdb, &theirs).await;
-    let handle = {
-        let (store, ours) = (store.clone(), ours.clone());
-        tokio::spawn(async move { store.apply(&ours).await })
-    };
-    blocked_inserts(&rdb, 1).await;
-    assert!(!handle.is_finished());
-    rival.execute("COMMIT").await.unwrap();
-    match handle.await.unwrap() {
+    let ours = EventSpec::succeeded("evt-race3", "task-race3", 1, "2").event();
+    let mut race = race(&rdb, &theirs, ours, 1).await;
+    race.rival.execute("COMMIT").await.unwrap();
+    match race.applies.pop().unwrap().await.unwrap() {
         Err(ApplyError::Conflict(c)) => assert_eq!(c.kind(), "digest_mismatch"),
         other => panic!("wanted a conflict, got {other:?}"),
     }
@@ -422,18 +438,11 @@ async fn an_uncommitted_competitor_with_other_content_ends_in_conflict() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn several_waiters_behind_a_competitor_that_rolls_back_apply_once() {
     let rdb = ReceiverDb::new().await;
-    let store = Arc::new(rdb.store().await);
-    let event = Arc::new(EventSpec::cancelled("evt-queue", "task-queue", 1).event());
-    let mut rival = competitor(&rdb, &event).await;
-    let mut handles = Vec::new();
-    for _ in 0..4 {
-        let (store, event) = (store.clone(), event.clone());
-        handles.push(tokio::spawn(async move { store.apply(&event).await }));
-    }
-    blocked_inserts(&rdb, 4).await;
-    rival.execute("ROLLBACK").await.unwrap();
+    let event = EventSpec::cancelled("evt-queue", "task-queue", 1).event();
+    let mut race = race(&rdb, &event, event.clone(), 4).await;
+    race.rival.execute("ROLLBACK").await.unwrap();
     let mut applied = 0;
-    for h in handles {
+    for h in race.applies {
         match h.await.unwrap() {
             Ok(Outcome::Applied) => applied += 1,
             Ok(Outcome::Duplicate { applied: true }) => {}
@@ -445,7 +454,7 @@ async fn several_waiters_behind_a_competitor_that_rolls_back_apply_once() {
         }
     }
     assert_eq!(applied, 1);
-    let view = store.view(&task("task-queue")).await.unwrap().unwrap();
+    let view = race.store.view(&task("task-queue")).await.unwrap().unwrap();
     assert_eq!(view.applied_events, 1);
     let mut admin = rdb.admin().await;
     assert_eq!(placeholders(&mut admin).await, 0);
