@@ -64,6 +64,27 @@ impl ReceiverDb {
         .unwrap_or_else(|e| panic!("store connect failed: {e}"))
     }
 
+    /// The runtime account's DSN with the server address replaced by `via` (a proxy).
+    pub fn runtime_dsn_via(&self, via: std::net::SocketAddr) -> Dsn {
+        let url = self
+            .db
+            .runtime_url()
+            .replace(self.db.address(), &via.to_string());
+        Dsn::parse(&url).expect("testdb makes valid URLs")
+    }
+
+    /// A store like [`ReceiverDb::store`] whose connections go through `via` (a proxy).
+    pub async fn store_via(&self, via: std::net::SocketAddr) -> Store {
+        Store::connect(
+            &self.runtime_dsn_via(via),
+            ConsumerName::default(),
+            QueueId::new(QUEUE).expect("valid queue"),
+            StoreOptions::default(),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("store connect through {via} failed: {e}"))
+    }
+
     /// The default store: consumer `task-result-view`, queue [`QUEUE`].
     pub async fn store(&self) -> Store {
         self.store_for("task-result-view", QUEUE).await
@@ -138,18 +159,53 @@ impl EventSpec {
     }
 }
 
-/// The `receiver` binary built beside this test binary (`target/<profile>/receiver`).
-pub fn receiver_bin() -> PathBuf {
+/// A binary of this workspace built beside this test binary (`target/<profile>/<name>`).
+pub fn workspace_bin(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("test binary path");
     let dir = exe
         .parent()
         .and_then(|deps| deps.parent())
         .expect("target/<profile>/deps/<test>");
-    let bin = dir.join("receiver");
+    let bin = dir.join(name);
     assert!(
         bin.is_file(),
-        "{} is missing: build it first with `cargo build -p receiver` (`make integration` does)",
+        "{} is missing: build it first with `cargo build --workspace --bins` (`make integration` does)",
         bin.display()
     );
     bin
+}
+
+/// The `receiver` binary.
+pub fn receiver_bin() -> PathBuf {
+    workspace_bin("receiver")
+}
+
+/// One HTTP/1.1 request with a JSON body to `addr`; the status and the JSON reply. Enough of
+/// a client to drive a control interface the way a test in any language would.
+pub fn http_json(
+    addr: &str,
+    method: &str,
+    path: &str,
+    body: Option<&serde_json::Value>,
+) -> (u16, serde_json::Value) {
+    use std::io::{Read, Write};
+    let body = body.map(|b| b.to_string()).unwrap_or_default();
+    let mut stream = std::net::TcpStream::connect(addr).expect("control interface answers");
+    write!(
+        stream,
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .expect("request written");
+    let mut reply = String::new();
+    stream.read_to_string(&mut reply).expect("reply read");
+    let (head, body) = reply.split_once("\r\n\r\n").expect("an HTTP reply");
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .expect("a status code");
+    let json =
+        serde_json::from_str(body.trim()).unwrap_or_else(|e| panic!("not JSON ({e}): {body}"));
+    (status, json)
 }

@@ -2,5 +2,7 @@
 //! `testdb` (one server per test binary, fresh databases and accounts per test).
 
 mod cli;
+mod commit_lost;
+mod commit_proxy;
 mod schema;
 mod storage;

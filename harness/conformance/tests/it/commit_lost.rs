@@ -1,0 +1,188 @@
+//! Lost COMMIT replies (R-STORE-8, R-FAULT-3): a real proxy between the real `Store` and a real
+//! server drops the server's real OK to COMMIT, or the COMMIT itself, or answers it with an
+//! error; the store must tell an unknown outcome from a definite one, and a re-apply must
+//! resolve it by identity.
+
+use std::time::Duration;
+
+use commit_proxy::{Action, Proxy, RuleSpec};
+use conformance::{EventSpec, ReceiverDb};
+use receiver::store::StorageKind;
+use receiver::{ApplyError, Outcome, TaskId};
+use sqlx::{MySqlConnection, Row};
+
+async fn count(conn: &mut MySqlConnection, sql: &str) -> i64 {
+    sqlx::query(sql)
+        .fetch_one(&mut *conn)
+        .await
+        .and_then(|r| r.try_get(0))
+        .unwrap_or_else(|e| panic!("{sql}: {e}"))
+}
+
+async fn proxy_for(rdb: &ReceiverDb) -> Proxy {
+    Proxy::start("127.0.0.1:0", rdb.db.address())
+        .await
+        .expect("the proxy starts")
+}
+
+fn task(id: &str) -> TaskId {
+    TaskId::new(id).unwrap()
+}
+
+#[tokio::test]
+async fn a_dropped_commit_ok_is_unconfirmed_then_resolved_as_a_duplicate() {
+    let rdb = ReceiverDb::new().await;
+    let proxy = proxy_for(&rdb).await;
+    let proxied = rdb.store_via(proxy.local_addr()).await;
+    let event = EventSpec::cancelled("evt-lost", "task-lost", 1).event();
+
+    let rule = proxy
+        .arm(RuleSpec::new(Action::DropCommitOk).once())
+        .unwrap();
+    match proxied.apply(&event).await {
+        Err(e @ ApplyError::CommitUnconfirmed) => {
+            assert_eq!(e.kind(), "commit_unconfirmed");
+            assert!(e.is_retryable());
+        }
+        other => panic!("wanted commit_unconfirmed, got {other:?}"),
+    }
+
+    // Ground truth from the proxy: the server answered OK and ended the transaction.
+    let fired = rule
+        .fired_within(Duration::from_secs(5))
+        .await
+        .expect("the rule fired");
+    assert_eq!(fired.reply, "ok");
+    assert_eq!(fired.statement, "commit");
+    assert!(fired.in_transaction_before);
+    assert_eq!(fired.in_transaction_after, Some(false));
+    assert!(fired.server_thread_id > 0);
+
+    // Another connection, not through the proxy, sees it all committed.
+    let mut admin = rdb.admin().await;
+    assert_eq!(
+        count(
+            &mut admin,
+            "SELECT COUNT(*) FROM receiver_inbox WHERE applied = 1"
+        )
+        .await,
+        1
+    );
+    assert_eq!(
+        count(
+            &mut admin,
+            "SELECT CAST(SUM(applied_events) AS SIGNED) FROM receiver_task_views"
+        )
+        .await,
+        1
+    );
+
+    // A new Store with the same identity finds the duplicate and updates nothing twice.
+    let fresh = rdb.store().await;
+    assert_eq!(
+        fresh.apply(&event).await.unwrap(),
+        Outcome::Duplicate { applied: true }
+    );
+    let view = fresh.view(&task("task-lost")).await.unwrap().unwrap();
+    assert_eq!(view.applied_events, 1);
+    let info = rule.info().unwrap();
+    assert_eq!((info.hits, info.fired, info.remaining), (1, 1, Some(0)));
+}
+
+#[tokio::test]
+async fn a_swallowed_commit_is_unconfirmed_and_the_reapply_applies_once() {
+    let rdb = ReceiverDb::new().await;
+    let proxy = proxy_for(&rdb).await;
+    let proxied = rdb.store_via(proxy.local_addr()).await;
+    let event = EventSpec::cancelled("evt-swallowed", "task-swallowed", 1).event();
+
+    let rule = proxy
+        .arm(RuleSpec::new(Action::DropCommitRequest).once())
+        .unwrap();
+    assert!(matches!(
+        proxied.apply(&event).await,
+        Err(ApplyError::CommitUnconfirmed)
+    ));
+    let fired = rule.fired_within(Duration::from_secs(5)).await.unwrap();
+    assert_eq!(fired.reply, "none", "the server never saw the COMMIT");
+
+    let mut admin = rdb.admin().await;
+    assert_eq!(
+        count(&mut admin, "SELECT COUNT(*) FROM receiver_inbox").await,
+        0
+    );
+    assert_eq!(
+        count(&mut admin, "SELECT COUNT(*) FROM receiver_task_views").await,
+        0
+    );
+
+    // The re-apply goes through the inbox INSERT, which waits while the server still holds
+    // the abandoned transaction, then applies it once.
+    let fresh = rdb.store().await;
+    assert_eq!(fresh.apply(&event).await.unwrap(), Outcome::Applied);
+    assert_eq!(
+        fresh.apply(&event).await.unwrap(),
+        Outcome::Duplicate { applied: true }
+    );
+    let view = fresh.view(&task("task-swallowed")).await.unwrap().unwrap();
+    assert_eq!(view.applied_events, 1);
+}
+
+#[tokio::test]
+async fn an_error_reply_to_commit_is_a_definite_retryable_failure() {
+    let rdb = ReceiverDb::new().await;
+    let proxy = proxy_for(&rdb).await;
+    let proxied = rdb.store_via(proxy.local_addr()).await;
+    let event = EventSpec::cancelled("evt-deadlock", "task-deadlock", 1).event();
+
+    let rule = proxy
+        .arm(
+            RuleSpec::new(Action::Error {
+                number: 1213,
+                sqlstate: None,
+                message: None,
+            })
+            .once(),
+        )
+        .unwrap();
+    match proxied.apply(&event).await {
+        Err(ApplyError::Storage(e)) => {
+            assert_eq!(e.kind(), StorageKind::Deadlock);
+            assert_eq!(e.number(), Some(1213));
+            assert!(e.is_retryable());
+        }
+        other => panic!("wanted a definite deadlock error, got {other:?}"),
+    }
+    assert_eq!(rule.firings().len(), 1);
+    let mut admin = rdb.admin().await;
+    assert_eq!(
+        count(&mut admin, "SELECT COUNT(*) FROM receiver_inbox").await,
+        0
+    );
+
+    // The same store (its ROLLBACK went through the proxy) applies it on the next try.
+    assert_eq!(proxied.apply(&event).await.unwrap(), Outcome::Applied);
+    assert_eq!(
+        count(
+            &mut admin,
+            "SELECT CAST(SUM(applied_events) AS SIGNED) FROM receiver_task_views"
+        )
+        .await,
+        1
+    );
+}
+
+#[tokio::test]
+async fn a_reset_at_commit_is_unconfirmed_and_commits_nothing() {
+    let rdb = ReceiverDb::new().await;
+    let proxy = proxy_for(&rdb).await;
+    let proxied = rdb.store_via(proxy.local_addr()).await;
+    let event = EventSpec::cancelled("evt-reset", "task-reset", 1).event();
+    proxy.arm(RuleSpec::new(Action::Reset).once()).unwrap();
+    assert!(matches!(
+        proxied.apply(&event).await,
+        Err(ApplyError::CommitUnconfirmed)
+    ));
+    let fresh = rdb.store().await;
+    assert_eq!(fresh.apply(&event).await.unwrap(), Outcome::Applied);
+}

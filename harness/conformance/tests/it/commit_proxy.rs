@@ -1,0 +1,422 @@
+//! commit-proxy as a product: other clients, TLS refusal, big packets, prepared COMMIT,
+//! look-alikes, and the binary driven only through its control interface.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use commit_proxy::{Action, On, Proxy, RuleSpec};
+use conformance::{http_json, workspace_bin, EventSpec, ReceiverDb};
+use receiver::{ApplyError, Outcome};
+use serde_json::json;
+use sqlx::{Connection, Executor, MySqlConnection, Row};
+
+async fn proxy_for(rdb: &ReceiverDb) -> Proxy {
+    Proxy::start("127.0.0.1:0", rdb.db.address()).await.unwrap()
+}
+
+fn admin_url_via(rdb: &ReceiverDb, proxy: &Proxy) -> String {
+    rdb.db
+        .admin_receiver_url()
+        .replace(rdb.db.address(), &proxy.local_addr().to_string())
+}
+
+async fn count(conn: &mut MySqlConnection, sql: &str) -> i64 {
+    sqlx::query(sql)
+        .fetch_one(&mut *conn)
+        .await
+        .and_then(|r| r.try_get(0))
+        .unwrap()
+}
+
+#[tokio::test]
+async fn refuses_to_listen_beyond_loopback() {
+    let e = Proxy::start("0.0.0.0:0", "127.0.0.1:3306")
+        .await
+        .unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "refusing to listen on 0.0.0.0:0: commit-proxy listens on loopback addresses only (127.0.0.1, ::1)"
+    );
+}
+
+#[tokio::test]
+async fn the_greeting_names_the_server_thread() {
+    let rdb = ReceiverDb::new().await;
+    let proxy = proxy_for(&rdb).await;
+    let mut conn = MySqlConnection::connect(&admin_url_via(&rdb, &proxy))
+        .await
+        .unwrap();
+    let id: u64 = conn
+        .fetch_one("SELECT CONNECTION_ID()")
+        .await
+        .unwrap()
+        .try_get(0)
+        .unwrap();
+    let listed = proxy.connections();
+    assert_eq!(listed.len(), 1);
+    assert_eq!(u64::from(listed[0].server_thread_id), id);
+    assert!(listed[0].interpreting);
+}
+
+#[tokio::test]
+async fn a_prepared_commit_is_recognised_and_look_alikes_are_not() {
+    let rdb = ReceiverDb::new().await;
+    let proxy = proxy_for(&rdb).await;
+    let rule = proxy
+        .arm(RuleSpec::new(Action::DropCommitOk).once())
+        .unwrap();
+    let mut conn = MySqlConnection::connect(&admin_url_via(&rdb, &proxy))
+        .await
+        .unwrap();
+    conn.execute("CREATE TABLE commit_log (x INT PRIMARY KEY)")
+        .await
+        .unwrap();
+    for look_alike in [
+        "SELECT 'COMMIT'",
+        "/* COMMIT */ SELECT 1",
+        "SELECT COUNT(*) FROM commit_log",
+        "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED",
+    ] {
+        conn.execute(look_alike).await.unwrap();
+    }
+    // sqlx's nested transaction commits with RELEASE SAVEPOINT: not a COMMIT.
+    let mut outer = conn.begin().await.unwrap();
+    let mut inner = outer.begin().await.unwrap();
+    inner
+        .execute("INSERT INTO commit_log VALUES (1)")
+        .await
+        .unwrap();
+    inner.commit().await.unwrap();
+    assert_eq!(rule.info().unwrap().hits, 0, "no look-alike matched");
+    // `sqlx::query` prepares: COM_STMT_PREPARE "COMMIT", then COM_STMT_EXECUTE.
+    let committed = sqlx::query("COMMIT").execute(&mut *outer).await;
+    assert!(committed.is_err(), "the OK was dropped");
+    drop(outer);
+    let fired = rule.fired_within(Duration::from_secs(5)).await.unwrap();
+    assert_eq!(fired.text, "<prepared> COMMIT");
+    assert_eq!(fired.in_transaction_after, Some(false));
+    let mut admin = rdb.admin().await;
+    assert_eq!(
+        count(&mut admin, "SELECT COUNT(*) FROM commit_log").await,
+        1
+    );
+}
+
+// Blocking I/O below: the proxy needs a worker of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_mariadb_command_line_client_loses_its_commit_ok() {
+    let client = ["mariadb", "mysql"]
+        .into_iter()
+        .find(|c| Command::new(c).arg("--version").output().is_ok())
+        .expect("the mariadb client is installed with mariadb-server");
+    let rdb = ReceiverDb::new().await;
+    let proxy = proxy_for(&rdb).await;
+    let rule = proxy.arm(RuleSpec::new(Action::DropCommitOk)).unwrap();
+    let out = Command::new(client)
+        .args([
+            "--protocol=TCP",
+            "-h127.0.0.1",
+            &format!("-P{}", proxy.local_addr().port()),
+            &format!("-u{}", rdb.db.runtime.user),
+            &rdb.db.receiver_db,
+            "-e",
+            "BEGIN; INSERT INTO receiver_inbox VALUES ('cli', 'q', 'evt-cli', UNHEX(SHA2('x', 256)), 'x', 0, UTC_TIMESTAMP(6)); COMMIT;",
+        ])
+        .env("MYSQL_PWD", &rdb.db.runtime.password)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("Lost connection") || stderr.contains("2013"),
+        "{stderr}"
+    );
+    assert_eq!(rule.firings().len(), 1);
+    let mut admin = rdb.admin().await;
+    assert_eq!(
+        count(
+            &mut admin,
+            "SELECT COUNT(*) FROM receiver_inbox WHERE event_id = 'evt-cli'"
+        )
+        .await,
+        1,
+        "committed although the client never heard"
+    );
+}
+
+// Blocking I/O below: the proxy needs a worker of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_demanding_tls_fails_fast_and_clearly() {
+    let rdb = ReceiverDb::new().await;
+    let proxy = proxy_for(&rdb).await;
+
+    // A raw client that sends an SSLRequest anyway gets an ERR packet, then the close.
+    let started = Instant::now();
+    let mut s = std::net::TcpStream::connect(proxy.local_addr()).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut header = [0u8; 4];
+    s.read_exact(&mut header).unwrap();
+    let len = usize::from(header[0]) | usize::from(header[1]) << 8 | usize::from(header[2]) << 16;
+    let mut greeting = vec![0u8; len];
+    s.read_exact(&mut greeting).unwrap();
+    let nul = greeting.iter().position(|&b| b == 0).unwrap();
+    let caps_lo = u16::from_le_bytes([greeting[nul + 14], greeting[nul + 15]]);
+    assert_eq!(caps_lo & 0x0800, 0, "TLS is not offered");
+    assert_eq!(caps_lo & 0x0020, 0, "compression is not offered");
+    let mut ssl_request = vec![32, 0, 0, 1];
+    let caps: u32 = 0x0800 | 0x0200 | 0x8000 | 0x0008_0000;
+    ssl_request.extend_from_slice(&caps.to_le_bytes());
+    ssl_request.extend_from_slice(&[0, 0, 0, 1, 45]);
+    ssl_request.extend_from_slice(&[0u8; 23]);
+    s.write_all(&ssl_request).unwrap();
+    let mut reply = Vec::new();
+    s.read_to_end(&mut reply).unwrap();
+    assert_eq!(reply[3], 2, "the ERR carries the next sequence id");
+    assert_eq!(reply[4], 0xFF);
+    let text = String::from_utf8_lossy(&reply[7..]);
+    assert!(text.contains("commit-proxy does not support TLS"), "{text}");
+    assert!(started.elapsed() < Duration::from_secs(5));
+
+    // The mariadb client told to require TLS refuses at once, naming the reason.
+    let out = Command::new("mariadb")
+        .args([
+            "--protocol=TCP",
+            "-h127.0.0.1",
+            &format!("-P{}", proxy.local_addr().port()),
+            "-uroot",
+            "--ssl",
+            "--ssl-verify-server-cert",
+            "-e",
+            "SELECT 1",
+        ])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.to_lowercase().contains("ssl"), "{stderr}");
+    assert!(started.elapsed() < Duration::from_secs(10));
+}
+
+#[tokio::test]
+async fn a_twenty_mib_statement_and_reply_relay_intact() {
+    let rdb = ReceiverDb::new().await;
+    let mut admin = rdb.admin().await;
+    // Global and only for new connections; other tests' connections keep their own.
+    admin
+        .execute("SET GLOBAL max_allowed_packet = 67108864")
+        .await
+        .unwrap();
+    let proxy = proxy_for(&rdb).await;
+    let mut conn = MySqlConnection::connect(&admin_url_via(&rdb, &proxy))
+        .await
+        .unwrap();
+    let size = 20 << 20;
+    let text: String = (0..size).map(|i| (b'a' + (i % 26) as u8) as char).collect();
+    let sql = format!(
+        "SELECT CHAR_LENGTH('{text}'), SHA2('{text}', 256), REPEAT('xy', {})",
+        size / 2
+    );
+    let row = conn.fetch_one(sql.as_str()).await.unwrap();
+    let length: i64 = row.try_get(0).unwrap();
+    assert_eq!(length, size as i64);
+    let via: String = row.try_get(1).unwrap();
+    assert_eq!(via, receiver::Digest::of(text.as_bytes()).to_hex());
+    let big: String = row.try_get(2).unwrap();
+    assert_eq!(big.len(), size);
+    assert!(big
+        .bytes()
+        .enumerate()
+        .all(|(i, b)| b == if i % 2 == 0 { b'x' } else { b'y' }));
+    // Still interpreting after a multi-chunk packet each way.
+    conn.execute("SELECT 1").await.unwrap();
+    assert!(proxy.connections().iter().all(|c| c.interpreting));
+}
+
+#[tokio::test]
+async fn delay_holds_a_reply_and_error_answers_any_statement() {
+    let rdb = ReceiverDb::new().await;
+    let proxy = proxy_for(&rdb).await;
+    let mut conn = MySqlConnection::connect(&admin_url_via(&rdb, &proxy))
+        .await
+        .unwrap();
+    let mut slow = RuleSpec::new(Action::Delay { delay_ms: 300 })
+        .on(On::Any)
+        .once();
+    slow.contains = Some("sleepy".into());
+    let slow = proxy.arm(slow).unwrap();
+    conn.execute("SELECT 1").await.unwrap();
+    assert!(
+        slow.firings().is_empty(),
+        "only statements containing the text"
+    );
+    let started = Instant::now();
+    conn.execute("SELECT 'sleepy'").await.unwrap();
+    assert!(
+        started.elapsed() >= Duration::from_millis(300),
+        "{:?} {:?} {:?}",
+        started.elapsed(),
+        proxy.events(0),
+        proxy.rules()
+    );
+    assert_eq!(slow.firings().len(), 1);
+
+    proxy
+        .arm(
+            RuleSpec::new(Action::Error {
+                number: 1205,
+                sqlstate: None,
+                message: None,
+            })
+            .on(On::Begin)
+            .once(),
+        )
+        .unwrap();
+    let e = conn.execute("START TRANSACTION").await.unwrap_err();
+    let db = e.as_database_error().unwrap();
+    assert_eq!(db.code().as_deref(), Some("HY000"));
+    assert!(
+        db.message().contains("Lock wait timeout"),
+        "{}",
+        db.message()
+    );
+    // The connection still works: the ERR carried the right sequence id.
+    conn.execute("SELECT 2").await.unwrap();
+}
+
+#[tokio::test]
+async fn the_binary_is_driven_through_its_control_interface() {
+    let rdb = ReceiverDb::new().await;
+    let mut child = Command::new(workspace_bin("commit-proxy"))
+        .args([
+            "--upstream",
+            rdb.db.address(),
+            "--listen",
+            "127.0.0.1:0",
+            "--control",
+            "127.0.0.1:0",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let listening = lines.next().unwrap().unwrap();
+    let control = lines.next().unwrap().unwrap();
+    let listen = listening
+        .strip_prefix("listening=")
+        .expect("first line")
+        .to_owned();
+    let control = control
+        .strip_prefix("control=")
+        .expect("second line")
+        .to_owned();
+
+    let (status, health) = http_json(&control, "GET", "/health", None);
+    assert_eq!(status, 200);
+    assert_eq!(health["listening"], json!(listen));
+    let (status, rule) = http_json(
+        &control,
+        "POST",
+        "/rules",
+        Some(&json!({"action": "drop-commit-ok", "count": 1})),
+    );
+    assert_eq!(status, 201, "{rule}");
+    let id = rule["id"].as_u64().unwrap();
+    let (status, bad) = http_json(
+        &control,
+        "POST",
+        "/rules",
+        Some(&json!({"action": "drop-commit-ok", "on": "any"})),
+    );
+    assert_eq!(status, 400);
+    assert_eq!(
+        bad["error"],
+        json!("drop-commit-ok applies to COMMIT only (on must be commit)")
+    );
+
+    // Nothing has fired yet: a bounded wait comes back empty.
+    let (_, none) = http_json(&control, "GET", "/events?wait_ms=50", None);
+    assert_eq!(none["events"], json!([]));
+
+    let store = rdb.store_via(listen.parse().unwrap()).await;
+    let event = EventSpec::cancelled("evt-bin", "task-bin", 1).event();
+    assert!(matches!(
+        store.apply(&event).await,
+        Err(ApplyError::CommitUnconfirmed)
+    ));
+
+    let (status, events) = http_json(&control, "GET", "/events?after=0&wait_ms=5000", None);
+    assert_eq!(status, 200);
+    let fired = &events["events"][0];
+    assert_eq!(fired["rule"], json!(id));
+    assert_eq!(fired["action"], json!("drop-commit-ok"));
+    assert_eq!(fired["reply"], json!("ok"));
+    assert_eq!(fired["in_transaction_before"], json!(true));
+    assert_eq!(fired["in_transaction_after"], json!(false));
+    assert_eq!(events["next"], json!(1));
+
+    let (_, rules) = http_json(&control, "GET", "/rules", None);
+    assert_eq!(rules[0]["hits"], json!(1));
+    assert_eq!(rules[0]["fired"], json!(1));
+    assert_eq!(rules[0]["remaining"], json!(0));
+    let (status, _) = http_json(&control, "DELETE", &format!("/rules/{id}"), None);
+    assert_eq!(status, 200);
+    let (status, _) = http_json(&control, "DELETE", &format!("/rules/{id}"), None);
+    assert_eq!(status, 404);
+
+    // Disarmed: the re-apply through the same proxy resolves the duplicate.
+    assert_eq!(
+        store.apply(&event).await.unwrap(),
+        Outcome::Duplicate { applied: true }
+    );
+
+    // SIGTERM stops it cleanly.
+    sigterm(child.id());
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "commit-proxy did not stop on SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "{status}");
+}
+
+#[test]
+fn the_binary_explains_bad_flags_in_one_line() {
+    let out = Command::new(workspace_bin("commit-proxy"))
+        .args([
+            "--upstream",
+            "127.0.0.1:3306",
+            "--rule",
+            "drop-commit-ok@any",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        "commit-proxy: rule \"drop-commit-ok@any\": drop-commit-ok applies to COMMIT only (on must be commit); see commit-proxy --help\n"
+    );
+    let out = Command::new(workspace_bin("commit-proxy"))
+        .args(["--upstream", "127.0.0.1:3306", "--listen", "0.0.0.0:0"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("loopback addresses only"));
+}
+
+fn sigterm(pid: u32) {
+    let status = Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+}
