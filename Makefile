@@ -2,7 +2,7 @@
 CARGO ?= cargo
 
 .DEFAULT_GOAL := help
-.PHONY: help deps check build test unit integration demo
+.PHONY: help deps check build test unit integration demo bench-proxy
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -30,3 +30,6 @@ integration: deps build ## Only the suites that need a real MySQL server
 
 demo: deps ## The receiver's demo on a throwaway MySQL server
 	$(CARGO) run -q -p conformance --bin store-demo
+
+bench-proxy: deps ## commit-proxy relay overhead: direct vs TCP forwarder vs proxy, one run
+	$(CARGO) bench -p commit-proxy --bench relay

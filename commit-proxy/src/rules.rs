@@ -333,6 +333,8 @@ struct RuleState {
 /// The rules and the event log shared by a proxy's connections, its API and its control server.
 pub(crate) struct Rules {
     state: Mutex<RulesState>,
+    /// How many rules are armed: with none, connections skip classification entirely.
+    armed: std::sync::atomic::AtomicUsize,
     /// The number of events logged so far; watchers wait for it to grow.
     events_logged: watch::Sender<u64>,
 }
@@ -364,7 +366,19 @@ impl Rules {
                 logged: 0,
             }),
             events_logged: watch::channel(0).0,
+            armed: std::sync::atomic::AtomicUsize::new(0),
         }
+    }
+
+    /// Whether any rule is armed (a hint: a rule armed meanwhile applies from the next
+    /// statement on).
+    pub(crate) fn any_armed(&self) -> bool {
+        self.armed.load(std::sync::atomic::Ordering::Acquire) > 0
+    }
+
+    fn count_armed(&self, st: &RulesState) {
+        self.armed
+            .store(st.rules.len(), std::sync::atomic::Ordering::Release);
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, RulesState> {
@@ -387,6 +401,7 @@ impl Rules {
             info: info.clone(),
             first_connection: next_connection,
         });
+        self.count_armed(&st);
         info
     }
 
@@ -394,6 +409,7 @@ impl Rules {
         let mut st = self.lock();
         let i = st.rules.iter().position(|r| r.info.id == id)?;
         let mut r = st.rules.remove(i);
+        self.count_armed(&st);
         r.info.armed = false;
         Some(r.info)
     }
@@ -402,6 +418,7 @@ impl Rules {
         let mut st = self.lock();
         let n = st.rules.len();
         st.rules.clear();
+        self.count_armed(&st);
         n
     }
 

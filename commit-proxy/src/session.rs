@@ -330,6 +330,12 @@ impl Session {
                     self.send_server(&request).await?;
                     Next::Close { reset: false }
                 }
+                Some(COM_QUERY) if !self.shared.rules.any_armed() => {
+                    // Nothing armed: relay without reading the statement.
+                    self.send_server(&request).await?;
+                    self.results(0, None).await?;
+                    Next::Continue
+                }
                 Some(COM_QUERY) => {
                     let payload = request.payload();
                     let text = String::from_utf8_lossy(&payload[1..]).into_owned();
