@@ -420,3 +420,67 @@ fn sigterm(pid: u32) {
         .unwrap();
     assert!(status.success());
 }
+
+/// Reads one packet (single chunk) from a blocking stream.
+fn read_raw(s: &mut std::net::TcpStream) -> (u8, Vec<u8>) {
+    let mut header = [0u8; 4];
+    s.read_exact(&mut header).unwrap();
+    let len = usize::from(header[0]) | usize::from(header[1]) << 8 | usize::from(header[2]) << 16;
+    let mut payload = vec![0u8; len];
+    s.read_exact(&mut payload).unwrap();
+    (header[3], payload)
+}
+
+fn write_raw(s: &mut std::net::TcpStream, seq: u8, payload: &[u8]) {
+    let mut p = (payload.len() as u32).to_le_bytes()[..3].to_vec();
+    p.push(seq);
+    p.extend_from_slice(payload);
+    s.write_all(&p).unwrap();
+}
+
+// Blocking I/O below: the proxy needs a worker of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_command_turns_the_connection_into_a_raw_pipe() {
+    let rdb = ReceiverDb::new().await;
+    let proxy = proxy_for(&rdb).await;
+    proxy.arm(RuleSpec::new(Action::DropCommitOk)).unwrap();
+    let mut s = std::net::TcpStream::connect(proxy.local_addr()).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    read_raw(&mut s);
+    // Log in as root with the empty password: mysql_native_password with no auth data.
+    let caps: u32 = 0x0200 | 0x8000 | 0x0008_0000 | 0x0001_0000 | 0x0002_0000 | 0x8;
+    let mut response = caps.to_le_bytes().to_vec();
+    response.extend_from_slice(&(1u32 << 24).to_le_bytes());
+    response.push(45);
+    response.extend_from_slice(&[0u8; 23]);
+    response.extend_from_slice(b"root\0");
+    response.push(0);
+    response.extend_from_slice(rdb.db.receiver_db.as_bytes());
+    response.push(0);
+    response.extend_from_slice(b"mysql_native_password\0");
+    write_raw(&mut s, 1, &response);
+    let (_, ok) = read_raw(&mut s);
+    assert_eq!(ok[0], 0x00, "logged in");
+    assert!(proxy.connections()[0].interpreting);
+
+    // COM_FIELD_LIST (deprecated, not followed by the proxy): relayed, then raw bytes.
+    let mut field_list = vec![0x04];
+    field_list.extend_from_slice(b"receiver_inbox\0");
+    write_raw(&mut s, 0, &field_list);
+    let mut columns = 0;
+    loop {
+        let (_, p) = read_raw(&mut s);
+        if p[0] == 0xFE && p.len() < 9 {
+            break;
+        }
+        assert_ne!(p[0], 0xFF, "{}", String::from_utf8_lossy(&p));
+        columns += 1;
+    }
+    assert_eq!(columns, 7, "the inbox's columns came through");
+    assert!(!proxy.connections()[0].interpreting);
+
+    // A COMMIT on a raw pipe is relayed untouched: the armed rule no longer applies.
+    write_raw(&mut s, 0, b"\x03COMMIT");
+    let (seq, ok) = read_raw(&mut s);
+    assert_eq!((seq, ok[0]), (1, 0x00));
+}
