@@ -90,6 +90,32 @@ impl ReceiverDb {
         self.store_for("task-result-view", QUEUE).await
     }
 
+    /// One integer read by an admin connection on the receiver database, e.g. a `COUNT(*)`.
+    pub async fn scalar(&self, sql: &str) -> i64 {
+        let mut admin = self.admin().await;
+        sqlx::query(sql)
+            .fetch_one(&mut admin)
+            .await
+            .and_then(|r| sqlx::Row::try_get(&r, 0))
+            .unwrap_or_else(|e| panic!("{sql}: {e}"))
+    }
+
+    /// (inbox rows, inbox rows with `applied = 1`).
+    pub async fn inbox_counts(&self) -> (i64, i64) {
+        (
+            self.scalar("SELECT COUNT(*) FROM receiver_inbox").await,
+            self.scalar("SELECT COUNT(*) FROM receiver_inbox WHERE applied = 1")
+                .await,
+        )
+    }
+
+    /// A proxy in front of this database's server.
+    pub async fn proxy(&self) -> commit_proxy::Proxy {
+        commit_proxy::Proxy::start("127.0.0.1:0", self.db.address())
+            .await
+            .expect("the proxy starts")
+    }
+
     /// An admin connection on the receiver database, for inspecting and interfering.
     pub async fn admin(&self) -> MySqlConnection {
         MySqlConnection::connect(&self.db.admin_receiver_url())

@@ -5,25 +5,10 @@
 
 use std::time::Duration;
 
-use commit_proxy::{Action, Proxy, RuleSpec};
+use commit_proxy::{Action, RuleSpec};
 use conformance::{EventSpec, ReceiverDb};
 use receiver::store::StorageKind;
 use receiver::{ApplyError, Outcome, TaskId};
-use sqlx::{MySqlConnection, Row};
-
-async fn count(conn: &mut MySqlConnection, sql: &str) -> i64 {
-    sqlx::query(sql)
-        .fetch_one(&mut *conn)
-        .await
-        .and_then(|r| r.try_get(0))
-        .unwrap_or_else(|e| panic!("{sql}: {e}"))
-}
-
-async fn proxy_for(rdb: &ReceiverDb) -> Proxy {
-    Proxy::start("127.0.0.1:0", rdb.db.address())
-        .await
-        .expect("the proxy starts")
-}
 
 fn task(id: &str) -> TaskId {
     TaskId::new(id).unwrap()
@@ -32,7 +17,7 @@ fn task(id: &str) -> TaskId {
 #[tokio::test]
 async fn a_dropped_commit_ok_is_unconfirmed_then_resolved_as_a_duplicate() {
     let rdb = ReceiverDb::new().await;
-    let proxy = proxy_for(&rdb).await;
+    let proxy = rdb.proxy().await;
     let proxied = rdb.store_via(proxy.local_addr()).await;
     let event = EventSpec::cancelled("evt-lost", "task-lost", 1).event();
 
@@ -59,21 +44,14 @@ async fn a_dropped_commit_ok_is_unconfirmed_then_resolved_as_a_duplicate() {
     assert!(fired.server_thread_id > 0);
 
     // Another connection, not through the proxy, sees it all committed.
-    let mut admin = rdb.admin().await;
     assert_eq!(
-        count(
-            &mut admin,
-            "SELECT COUNT(*) FROM receiver_inbox WHERE applied = 1"
-        )
-        .await,
+        rdb.scalar("SELECT COUNT(*) FROM receiver_inbox WHERE applied = 1")
+            .await,
         1
     );
     assert_eq!(
-        count(
-            &mut admin,
-            "SELECT CAST(SUM(applied_events) AS SIGNED) FROM receiver_task_views"
-        )
-        .await,
+        rdb.scalar("SELECT CAST(SUM(applied_events) AS SIGNED) FROM receiver_task_views")
+            .await,
         1
     );
 
@@ -92,7 +70,7 @@ async fn a_dropped_commit_ok_is_unconfirmed_then_resolved_as_a_duplicate() {
 #[tokio::test]
 async fn a_swallowed_commit_is_unconfirmed_and_the_reapply_applies_once() {
     let rdb = ReceiverDb::new().await;
-    let proxy = proxy_for(&rdb).await;
+    let proxy = rdb.proxy().await;
     let proxied = rdb.store_via(proxy.local_addr()).await;
     let event = EventSpec::cancelled("evt-swallowed", "task-swallowed", 1).event();
 
@@ -106,13 +84,9 @@ async fn a_swallowed_commit_is_unconfirmed_and_the_reapply_applies_once() {
     let fired = rule.fired_within(Duration::from_secs(5)).await.unwrap();
     assert_eq!(fired.reply, "none", "the server never saw the COMMIT");
 
-    let mut admin = rdb.admin().await;
+    assert_eq!(rdb.scalar("SELECT COUNT(*) FROM receiver_inbox").await, 0);
     assert_eq!(
-        count(&mut admin, "SELECT COUNT(*) FROM receiver_inbox").await,
-        0
-    );
-    assert_eq!(
-        count(&mut admin, "SELECT COUNT(*) FROM receiver_task_views").await,
+        rdb.scalar("SELECT COUNT(*) FROM receiver_task_views").await,
         0
     );
 
@@ -131,7 +105,7 @@ async fn a_swallowed_commit_is_unconfirmed_and_the_reapply_applies_once() {
 #[tokio::test]
 async fn an_error_reply_to_commit_is_a_definite_retryable_failure() {
     let rdb = ReceiverDb::new().await;
-    let proxy = proxy_for(&rdb).await;
+    let proxy = rdb.proxy().await;
     let proxied = rdb.store_via(proxy.local_addr()).await;
     let event = EventSpec::cancelled("evt-deadlock", "task-deadlock", 1).event();
 
@@ -154,20 +128,13 @@ async fn an_error_reply_to_commit_is_a_definite_retryable_failure() {
         other => panic!("wanted a definite deadlock error, got {other:?}"),
     }
     assert_eq!(rule.firings().len(), 1);
-    let mut admin = rdb.admin().await;
-    assert_eq!(
-        count(&mut admin, "SELECT COUNT(*) FROM receiver_inbox").await,
-        0
-    );
+    assert_eq!(rdb.scalar("SELECT COUNT(*) FROM receiver_inbox").await, 0);
 
     // The same store (its ROLLBACK went through the proxy) applies it on the next try.
     assert_eq!(proxied.apply(&event).await.unwrap(), Outcome::Applied);
     assert_eq!(
-        count(
-            &mut admin,
-            "SELECT CAST(SUM(applied_events) AS SIGNED) FROM receiver_task_views"
-        )
-        .await,
+        rdb.scalar("SELECT CAST(SUM(applied_events) AS SIGNED) FROM receiver_task_views")
+            .await,
         1
     );
 }
@@ -175,7 +142,7 @@ async fn an_error_reply_to_commit_is_a_definite_retryable_failure() {
 #[tokio::test]
 async fn a_reset_at_commit_is_unconfirmed_and_commits_nothing() {
     let rdb = ReceiverDb::new().await;
-    let proxy = proxy_for(&rdb).await;
+    let proxy = rdb.proxy().await;
     let proxied = rdb.store_via(proxy.local_addr()).await;
     let event = EventSpec::cancelled("evt-reset", "task-reset", 1).event();
     proxy.arm(RuleSpec::new(Action::Reset).once()).unwrap();

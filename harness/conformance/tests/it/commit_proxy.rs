@@ -11,22 +11,10 @@ use receiver::{ApplyError, Outcome};
 use serde_json::json;
 use sqlx::{Connection, Executor, MySqlConnection, Row};
 
-async fn proxy_for(rdb: &ReceiverDb) -> Proxy {
-    Proxy::start("127.0.0.1:0", rdb.db.address()).await.unwrap()
-}
-
 fn admin_url_via(rdb: &ReceiverDb, proxy: &Proxy) -> String {
     rdb.db
         .admin_receiver_url()
         .replace(rdb.db.address(), &proxy.local_addr().to_string())
-}
-
-async fn count(conn: &mut MySqlConnection, sql: &str) -> i64 {
-    sqlx::query(sql)
-        .fetch_one(&mut *conn)
-        .await
-        .and_then(|r| r.try_get(0))
-        .unwrap()
 }
 
 #[tokio::test]
@@ -43,7 +31,7 @@ async fn refuses_to_listen_beyond_loopback() {
 #[tokio::test]
 async fn the_greeting_names_the_server_thread() {
     let rdb = ReceiverDb::new().await;
-    let proxy = proxy_for(&rdb).await;
+    let proxy = rdb.proxy().await;
     let mut conn = MySqlConnection::connect(&admin_url_via(&rdb, &proxy))
         .await
         .unwrap();
@@ -62,7 +50,7 @@ async fn the_greeting_names_the_server_thread() {
 #[tokio::test]
 async fn a_prepared_commit_is_recognised_and_look_alikes_are_not() {
     let rdb = ReceiverDb::new().await;
-    let proxy = proxy_for(&rdb).await;
+    let proxy = rdb.proxy().await;
     let rule = proxy
         .arm(RuleSpec::new(Action::DropCommitOk).once())
         .unwrap();
@@ -96,11 +84,7 @@ async fn a_prepared_commit_is_recognised_and_look_alikes_are_not() {
     let fired = rule.fired_within(Duration::from_secs(5)).await.unwrap();
     assert_eq!(fired.text, "<prepared> COMMIT");
     assert_eq!(fired.in_transaction_after, Some(false));
-    let mut admin = rdb.admin().await;
-    assert_eq!(
-        count(&mut admin, "SELECT COUNT(*) FROM commit_log").await,
-        1
-    );
+    assert_eq!(rdb.scalar("SELECT COUNT(*) FROM commit_log").await, 1);
 }
 
 // Blocking I/O below: the proxy needs a worker of its own.
@@ -111,7 +95,7 @@ async fn the_mariadb_command_line_client_loses_its_commit_ok() {
         .find(|c| Command::new(c).arg("--version").output().is_ok())
         .expect("the mariadb client is installed with mariadb-server");
     let rdb = ReceiverDb::new().await;
-    let proxy = proxy_for(&rdb).await;
+    let proxy = rdb.proxy().await;
     let rule = proxy.arm(RuleSpec::new(Action::DropCommitOk)).unwrap();
     let out = Command::new(client)
         .args([
@@ -134,13 +118,9 @@ async fn the_mariadb_command_line_client_loses_its_commit_ok() {
         "{stderr}"
     );
     assert_eq!(rule.firings().len(), 1);
-    let mut admin = rdb.admin().await;
     assert_eq!(
-        count(
-            &mut admin,
-            "SELECT COUNT(*) FROM receiver_inbox WHERE event_id = 'evt-cli'"
-        )
-        .await,
+        rdb.scalar("SELECT COUNT(*) FROM receiver_inbox WHERE event_id = 'evt-cli'")
+            .await,
         1,
         "committed although the client never heard"
     );
@@ -150,7 +130,7 @@ async fn the_mariadb_command_line_client_loses_its_commit_ok() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_demanding_tls_fails_fast_and_clearly() {
     let rdb = ReceiverDb::new().await;
-    let proxy = proxy_for(&rdb).await;
+    let proxy = rdb.proxy().await;
 
     // A raw client that sends an SSLRequest anyway gets an ERR packet, then the close.
     let started = Instant::now();
@@ -209,7 +189,7 @@ async fn a_twenty_mib_statement_and_reply_relay_intact() {
         .execute("SET GLOBAL max_allowed_packet = 67108864")
         .await
         .unwrap();
-    let proxy = proxy_for(&rdb).await;
+    let proxy = rdb.proxy().await;
     let mut conn = MySqlConnection::connect(&admin_url_via(&rdb, &proxy))
         .await
         .unwrap();
@@ -238,7 +218,7 @@ async fn a_twenty_mib_statement_and_reply_relay_intact() {
 #[tokio::test]
 async fn delay_holds_a_reply_and_error_answers_any_statement() {
     let rdb = ReceiverDb::new().await;
-    let proxy = proxy_for(&rdb).await;
+    let proxy = rdb.proxy().await;
     let mut conn = MySqlConnection::connect(&admin_url_via(&rdb, &proxy))
         .await
         .unwrap();
@@ -442,7 +422,7 @@ fn write_raw(s: &mut std::net::TcpStream, seq: u8, payload: &[u8]) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unknown_command_turns_the_connection_into_a_raw_pipe() {
     let rdb = ReceiverDb::new().await;
-    let proxy = proxy_for(&rdb).await;
+    let proxy = rdb.proxy().await;
     proxy.arm(RuleSpec::new(Action::DropCommitOk)).unwrap();
     let mut s = std::net::TcpStream::connect(proxy.local_addr()).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();

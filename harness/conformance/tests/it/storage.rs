@@ -9,21 +9,8 @@ use receiver::store::{Conflict, Receipt, StorageKind, WriteFuture};
 use receiver::{ApplyError, BusinessWrite, Outcome, QueueId, TaskEvent, TaskId};
 use sqlx::{Connection, Executor, MySqlConnection, Row};
 
-async fn count(conn: &mut MySqlConnection, sql: &str) -> i64 {
-    sqlx::query(sql)
-        .fetch_one(&mut *conn)
-        .await
-        .and_then(|r| r.try_get(0))
-        .unwrap_or_else(|e| panic!("{sql}: {e}"))
-}
-
-async fn placeholders(conn: &mut MySqlConnection) -> i64 {
-    count(
-        conn,
-        "SELECT COUNT(*) FROM receiver_task_views WHERE task_version = 0",
-    )
-    .await
-}
+/// View rows still carrying the in-transaction placeholder version.
+const PLACEHOLDERS: &str = "SELECT COUNT(*) FROM receiver_task_views WHERE task_version = 0";
 
 fn task(id: &str) -> TaskId {
     TaskId::new(id).unwrap()
@@ -58,17 +45,10 @@ async fn eight_concurrent_identical_events_advance_the_view_once() {
     assert_eq!(view.applied_events, 1);
     assert_eq!(view.task_version, 1);
     assert_eq!(view.last_state, "CANCELLED");
-    let mut admin = rdb.admin().await;
+    assert_eq!(rdb.scalar("SELECT COUNT(*) FROM receiver_inbox").await, 1);
     assert_eq!(
-        count(&mut admin, "SELECT COUNT(*) FROM receiver_inbox").await,
-        1
-    );
-    assert_eq!(
-        count(
-            &mut admin,
-            "SELECT COUNT(*) FROM receiver_inbox WHERE applied = 1"
-        )
-        .await,
+        rdb.scalar("SELECT COUNT(*) FROM receiver_inbox WHERE applied = 1")
+            .await,
         1
     );
 }
@@ -155,13 +135,9 @@ async fn other_consumer_names_and_queues_are_independent() {
         let view = store.view(&task("task-s")).await.unwrap().unwrap();
         assert_eq!(view.applied_events, 1);
     }
-    let mut admin = rdb.admin().await;
+    assert_eq!(rdb.scalar("SELECT COUNT(*) FROM receiver_inbox").await, 3);
     assert_eq!(
-        count(&mut admin, "SELECT COUNT(*) FROM receiver_inbox").await,
-        3
-    );
-    assert_eq!(
-        count(&mut admin, "SELECT COUNT(*) FROM receiver_task_views").await,
+        rdb.scalar("SELECT COUNT(*) FROM receiver_task_views").await,
         3
     );
 }
@@ -218,18 +194,12 @@ async fn a_failing_caller_write_rolls_back_inbox_view_and_its_own_rows() {
         Err(e @ ApplyError::Write(_)) => assert_eq!(e.kind(), "write_failed"),
         other => panic!("wanted write_failed, got {other:?}"),
     }
+    assert_eq!(rdb.scalar("SELECT COUNT(*) FROM receiver_inbox").await, 0);
     assert_eq!(
-        count(&mut admin, "SELECT COUNT(*) FROM receiver_inbox").await,
+        rdb.scalar("SELECT COUNT(*) FROM receiver_task_views").await,
         0
     );
-    assert_eq!(
-        count(&mut admin, "SELECT COUNT(*) FROM receiver_task_views").await,
-        0
-    );
-    assert_eq!(
-        count(&mut admin, "SELECT COUNT(*) FROM business_ledger").await,
-        0
-    );
+    assert_eq!(rdb.scalar("SELECT COUNT(*) FROM business_ledger").await, 0);
 
     // The event can be retried, and a working write commits with the view.
     assert_eq!(
@@ -239,10 +209,7 @@ async fn a_failing_caller_write_rolls_back_inbox_view_and_its_own_rows() {
             .unwrap(),
         Outcome::Applied
     );
-    assert_eq!(
-        count(&mut admin, "SELECT COUNT(*) FROM business_ledger").await,
-        1
-    );
+    assert_eq!(rdb.scalar("SELECT COUNT(*) FROM business_ledger").await, 1);
     assert_eq!(
         store
             .view(&task("task-w"))
@@ -260,10 +227,7 @@ async fn a_failing_caller_write_rolls_back_inbox_view_and_its_own_rows() {
             .unwrap(),
         Outcome::Duplicate { applied: true }
     );
-    assert_eq!(
-        count(&mut admin, "SELECT COUNT(*) FROM business_ledger").await,
-        1
-    );
+    assert_eq!(rdb.scalar("SELECT COUNT(*) FROM business_ledger").await, 1);
 }
 
 /// Records what the session looks like from inside the apply's transaction.
@@ -308,12 +272,11 @@ async fn the_transaction_is_read_committed_in_utc() {
         vec!["READ-COMMITTED".to_owned(), "+00:00".to_owned()]
     );
     // received_at is within a minute of the server's UTC clock.
-    let mut admin = rdb.admin().await;
-    let skew = count(
-        &mut admin,
-        "SELECT ABS(TIMESTAMPDIFF(SECOND, received_at, UTC_TIMESTAMP())) FROM receiver_inbox",
-    )
-    .await;
+    let skew = rdb
+        .scalar(
+            "SELECT ABS(TIMESTAMPDIFF(SECOND, received_at, UTC_TIMESTAMP())) FROM receiver_inbox",
+        )
+        .await;
     assert!(skew < 60, "received_at is {skew}s away from UTC");
 }
 
@@ -456,15 +419,13 @@ async fn several_waiters_behind_a_competitor_that_rolls_back_apply_once() {
     assert_eq!(applied, 1);
     let view = race.store.view(&task("task-queue")).await.unwrap().unwrap();
     assert_eq!(view.applied_events, 1);
-    let mut admin = rdb.admin().await;
-    assert_eq!(placeholders(&mut admin).await, 0);
+    assert_eq!(rdb.scalar(PLACEHOLDERS).await, 0);
 }
 
 #[tokio::test]
 async fn same_task_same_version_other_event_is_a_conflict_and_leaves_nothing() {
     let rdb = ReceiverDb::new().await;
     let store = rdb.store().await;
-    let mut admin = rdb.admin().await;
     let first = EventSpec::cancelled("evt-a1", "task-sv", 3).event();
     let second = EventSpec::cancelled("evt-a2", "task-sv", 3).event();
     assert_eq!(store.apply(&first).await.unwrap(), Outcome::Applied);
@@ -489,9 +450,9 @@ async fn same_task_same_version_other_event_is_a_conflict_and_leaves_nothing() {
         .apply_with(&fresh, &LedgerWrite { fail_after: true })
         .await
         .is_err());
-    assert_eq!(placeholders(&mut admin).await, 0);
+    assert_eq!(rdb.scalar(PLACEHOLDERS).await, 0);
     assert_eq!(
-        count(&mut admin, "SELECT COUNT(*) FROM receiver_task_views").await,
+        rdb.scalar("SELECT COUNT(*) FROM receiver_task_views").await,
         1
     );
 }
@@ -508,13 +469,9 @@ async fn ids_differing_in_case_or_accents_are_different_events() {
         let event = EventSpec::cancelled(&format!("evt-t{i}"), t, 1).event();
         assert_eq!(store.apply(&event).await.unwrap(), Outcome::Applied, "{t}");
     }
-    let mut admin = rdb.admin().await;
+    assert_eq!(rdb.scalar("SELECT COUNT(*) FROM receiver_inbox").await, 7);
     assert_eq!(
-        count(&mut admin, "SELECT COUNT(*) FROM receiver_inbox").await,
-        7
-    );
-    assert_eq!(
-        count(&mut admin, "SELECT COUNT(*) FROM receiver_task_views").await,
+        rdb.scalar("SELECT COUNT(*) FROM receiver_task_views").await,
         4
     );
 }
@@ -561,17 +518,10 @@ async fn sixty_four_shuffled_versions_end_at_the_highest() {
     assert_eq!(view.task_version, 64);
     assert_eq!(view.last_event_id, "evt-64");
     assert_eq!(view.applied_events, applied);
-    let mut admin = rdb.admin().await;
+    assert_eq!(rdb.scalar("SELECT COUNT(*) FROM receiver_inbox").await, 64);
     assert_eq!(
-        count(&mut admin, "SELECT COUNT(*) FROM receiver_inbox").await,
-        64
-    );
-    assert_eq!(
-        count(
-            &mut admin,
-            "SELECT COUNT(*) FROM receiver_inbox WHERE applied = 1"
-        )
-        .await,
+        rdb.scalar("SELECT COUNT(*) FROM receiver_inbox WHERE applied = 1")
+            .await,
         applied as i64
     );
 }
@@ -608,13 +558,8 @@ async fn states_results_and_timestamps_are_stored_exactly() {
 
     let cancelled = EventSpec::cancelled("evt-n", "task-n", 1).event();
     assert_eq!(store.apply(&cancelled).await.unwrap(), Outcome::Applied);
-    let mut admin = rdb.admin().await;
     assert_eq!(
-        count(
-            &mut admin,
-            "SELECT COUNT(*) FROM receiver_task_views WHERE task_id = 'task-n' AND last_result IS NULL"
-        )
-        .await,
+        rdb.scalar("SELECT COUNT(*) FROM receiver_task_views WHERE task_id = 'task-n' AND last_result IS NULL").await,
         1,
         "an event without a result stores SQL NULL"
     );
