@@ -15,6 +15,7 @@ check: ## Format, lint (warnings denied), build, and check the container backend
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	$(CARGO) build --workspace
 	$(CARGO) check -p testdb --features container
+	@! $(CARGO) tree -p orbit-sdk -e normal --prefix none | grep -Ei '^(sqlx|mysql)' || { echo "orbit-sdk must not depend on a database driver"; exit 1; }
 
 build: ## Build every crate and binary
 	$(CARGO) build --workspace --bins

@@ -1,9 +1,17 @@
-//! The Orbit consumer SDK: wire types, an HTTP client for tasks, subscriptions, deliveries and
-//! budgets, and the `EventConsumer` that receives deliveries over a WebSocket stream and ACKs
-//! each one with its lease proof only after the handler succeeded.
+//! The Orbit consumer SDK: wire types, an HTTP [`Client`] for tasks, subscriptions, deliveries
+//! and budgets, [`Credentials`], and the [`EventConsumer`] that receives deliveries over a
+//! WebSocket stream and ACKs each one with its lease proof only after the handler succeeded.
 //!
 //! It sits at the left of the flow, before the receiver, and must never depend on a database
-//! driver (`cargo tree -p orbit-sdk` shows no sqlx or mysql): the SDK knows no SQL.
-//!
-//! The crate is only the workspace member so far; the contract and the client are built with
-//! the Orbit platform (see `docs/architecture.md`, "where to change what").
+//! driver (`cargo tree -p orbit-sdk` shows no sqlx or mysql): the SDK knows no SQL. It never
+//! prints a token or a lease proof. The contract it speaks is `docs/orbit-protocol.md`.
+
+pub mod client;
+pub mod consumer;
+pub mod credentials;
+pub mod wire;
+
+pub use client::{Client, DeliveryFilter, SdkError};
+pub use consumer::{ConsumerEvent, Delivery, EventConsumer, Running, Summary};
+pub use credentials::{Credentials, CredentialsError, Token};
+pub use wire::AckResult;

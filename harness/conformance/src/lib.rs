@@ -214,12 +214,29 @@ pub fn http_json(
     path: &str,
     body: Option<&serde_json::Value>,
 ) -> (u16, serde_json::Value) {
+    let (status, text) = http_raw(addr, method, path, None, body);
+    let json =
+        serde_json::from_str(text.trim()).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"));
+    (status, json)
+}
+
+/// One raw HTTP/1.1 request, optionally with a bearer token; the status and the body text.
+pub fn http_raw(
+    addr: &str,
+    method: &str,
+    path: &str,
+    bearer: Option<&str>,
+    body: Option<&serde_json::Value>,
+) -> (u16, String) {
     use std::io::{Read, Write};
     let body = body.map(|b| b.to_string()).unwrap_or_default();
-    let mut stream = std::net::TcpStream::connect(addr).expect("control interface answers");
+    let auth = bearer
+        .map(|t| format!("Authorization: Bearer {t}\r\n"))
+        .unwrap_or_default();
+    let mut stream = std::net::TcpStream::connect(addr).expect("the server answers");
     write!(
         stream,
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\n{auth}Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     )
     .expect("request written");
@@ -231,7 +248,120 @@ pub fn http_json(
         .nth(1)
         .and_then(|s| s.parse().ok())
         .expect("a status code");
-    let json =
-        serde_json::from_str(body.trim()).unwrap_or_else(|e| panic!("not JSON ({e}): {body}"));
-    (status, json)
+    (status, body.to_owned())
+}
+
+/// A running `orbit-dev` process on its own fresh platform database, bootstrapped with an
+/// event-access credential for queue [`QUEUE`]. Killed on drop.
+#[derive(Debug)]
+pub struct OrbitDev {
+    child: Option<std::process::Child>,
+    /// `http://127.0.0.1:PORT`.
+    pub url: String,
+    /// `127.0.0.1:PORT`.
+    pub addr: String,
+    /// The bootstrap's credentials file (mode 0600).
+    pub credentials_file: PathBuf,
+    args: Vec<String>,
+    /// The platform's (and a receiver's) databases.
+    pub db: Provisioned,
+}
+
+impl OrbitDev {
+    /// Provisions databases, bootstraps, and serves with `args` (e.g. `--lease-seconds 1`).
+    pub async fn start(args: &[&str]) -> OrbitDev {
+        let db = ReceiverDb::provisioned().await;
+        let dir = std::env::temp_dir().join(format!("orbit-dev-{}", db.platform_db));
+        let credentials_file = dir.join("inbox.credentials.json");
+        let out = std::process::Command::new(workspace_bin("orbit-dev"))
+            .args([
+                "bootstrap",
+                "--application",
+                "inbox-example",
+                "--namespace",
+                "default",
+                "--environment",
+                "development",
+                "--queue",
+                QUEUE,
+                "--event-access",
+                "--output",
+            ])
+            .arg(&credentials_file)
+            .env("ORBIT_MYSQL_DSN", db.platform_url())
+            .output()
+            .expect("orbit-dev runs");
+        assert!(
+            out.status.success(),
+            "bootstrap failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let mut me = OrbitDev {
+            child: None,
+            url: String::new(),
+            addr: "127.0.0.1:0".into(),
+            credentials_file,
+            args: args.iter().map(|s| (*s).to_owned()).collect(),
+            db,
+        };
+        me.serve();
+        me
+    }
+
+    fn serve(&mut self) {
+        use std::io::BufRead;
+        let mut child = std::process::Command::new(workspace_bin("orbit-dev"))
+            .arg("serve")
+            .args(["--listen", &self.addr])
+            .args(&self.args)
+            .env("ORBIT_MYSQL_DSN", self.db.platform_url())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("orbit-dev starts");
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().expect("stdout"))
+            .read_line(&mut line)
+            .expect("orbit-dev prints where it listens");
+        let addr = line
+            .trim()
+            .strip_prefix("listening=")
+            .unwrap_or_else(|| panic!("orbit-dev did not start: {line:?}"))
+            .to_owned();
+        self.url = format!("http://{addr}");
+        self.addr = addr;
+        self.child = Some(child);
+    }
+
+    /// SIGKILL the server and wait for it to exit.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts the server again on the same database and port.
+    pub fn restart(&mut self) {
+        self.kill();
+        self.serve();
+    }
+
+    /// The bootstrap's credentials.
+    pub fn credentials(&self) -> orbit_sdk::Credentials {
+        orbit_sdk::Credentials::load(&self.credentials_file).expect("credentials load")
+    }
+
+    /// An SDK client with the bootstrap's credential.
+    pub fn client(&self) -> orbit_sdk::Client {
+        orbit_sdk::Client::new(&self.url, self.credentials().token).expect("a loopback URL")
+    }
+}
+
+impl Drop for OrbitDev {
+    fn drop(&mut self) {
+        self.kill();
+        if let Some(dir) = self.credentials_file.parent() {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
 }

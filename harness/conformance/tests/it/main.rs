@@ -4,5 +4,6 @@
 mod cli;
 mod commit_lost;
 mod commit_proxy;
+mod platform;
 mod schema;
 mod storage;

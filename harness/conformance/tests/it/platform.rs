@@ -1,0 +1,607 @@
+//! The Orbit contract: the SDK against a real `orbit-dev` process on a real MySQL server, and
+//! raw HTTP/WebSocket contract tests that do not go through the SDK's types.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use conformance::{http_raw, OrbitDev, QUEUE};
+use futures_util::{SinkExt, StreamExt};
+use orbit_sdk::{AckResult, Client, ConsumerEvent, DeliveryFilter, EventConsumer};
+use serde_json::{json, Value};
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::Message;
+
+/// Waits up to `timeout` for `check` to hold, polling.
+async fn eventually<F, Fut>(timeout: Duration, what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + timeout;
+    while !check().await {
+        assert!(Instant::now() < deadline, "waited {timeout:?} for {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn deliveries(client: &Client, sub: &str) -> Vec<orbit_sdk::wire::DeliveryInfo> {
+    client
+        .list_deliveries(sub, &DeliveryFilter::default())
+        .await
+        .unwrap()
+}
+
+/// A cancelled task: one `task.cancelled` event.
+async fn cancelled_task(client: &Client) -> String {
+    let task = client.submit_task(QUEUE, None).await.unwrap();
+    client.cancel_task(&task.id).await.unwrap();
+    task.id
+}
+
+type Ws =
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+async fn raw_stream(orbit: &OrbitDev, sub: &str) -> Ws {
+    let mut req = format!("ws://{}/v1/subscriptions/{sub}/stream", orbit.addr)
+        .into_client_request()
+        .unwrap();
+    let token = orbit.credentials().token.expose().to_owned();
+    req.headers_mut()
+        .insert("Authorization", format!("Bearer {token}").parse().unwrap());
+    tokio_tungstenite::connect_async(req).await.unwrap().0
+}
+
+async fn send_raw(ws: &mut Ws, v: Value) {
+    ws.send(Message::Text(v.to_string().into())).await.unwrap();
+}
+
+async fn next_raw(ws: &mut Ws) -> Value {
+    loop {
+        let msg = tokio::time::timeout(Duration::from_secs(10), ws.next())
+            .await
+            .expect("a message within 10 s")
+            .expect("stream open")
+            .unwrap();
+        if let Message::Text(t) = msg {
+            let v: Value = serde_json::from_str(t.as_str()).unwrap();
+            if v["type"] != "heartbeat" {
+                return v;
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_expiry_redelivers_with_a_new_proof_and_acks_are_checked() {
+    let orbit = OrbitDev::start(&["--lease-seconds", "1"]).await;
+    let client = orbit.client();
+    let sub = client
+        .create_subscription(QUEUE, &["task.cancelled"])
+        .await
+        .unwrap();
+    assert_eq!(sub.id.len(), 32);
+    cancelled_task(&client).await;
+
+    let mut ws = raw_stream(&orbit, &sub.id).await;
+    send_raw(&mut ws, json!({"type": "credit", "credit": 1})).await;
+    let first = next_raw(&mut ws).await;
+    assert_eq!(first["type"], "delivery");
+    assert_eq!(first["attempt"], 1);
+    let id = first["delivery_id"].as_str().unwrap().to_owned();
+    let old_proof = first["proof"].as_str().unwrap().to_owned();
+    // Never returned by the management API.
+    let listed = serde_json::to_string(&deliveries(&client, &sub.id).await).unwrap();
+    assert!(!listed.contains(&old_proof));
+
+    // No ACK: after the one-second lease it comes back as attempt 2 with a new proof.
+    send_raw(&mut ws, json!({"type": "credit", "credit": 1})).await;
+    let second = next_raw(&mut ws).await;
+    assert_eq!(second["delivery_id"], json!(id));
+    assert_eq!(second["attempt"], 2);
+    let proof = second["proof"].as_str().unwrap().to_owned();
+    assert_ne!(proof, old_proof);
+
+    send_raw(
+        &mut ws,
+        json!({"type": "ack", "delivery_id": id, "proof": old_proof}),
+    )
+    .await;
+    let refused = next_raw(&mut ws).await;
+    assert_eq!(refused["type"], "ack_result");
+    assert_eq!(refused["result"], "refused");
+    send_raw(
+        &mut ws,
+        json!({"type": "ack", "delivery_id": id, "proof": proof}),
+    )
+    .await;
+    assert_eq!(next_raw(&mut ws).await["result"], "acked");
+    send_raw(
+        &mut ws,
+        json!({"type": "ack", "delivery_id": id, "proof": proof}),
+    )
+    .await;
+    assert_eq!(next_raw(&mut ws).await["result"], "already_acked");
+
+    let d = client.get_delivery(&id).await.unwrap();
+    assert_eq!((d.state.as_str(), d.attempts), ("ACKED", 2));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_ack_reply_is_reported_again_with_the_same_proof() {
+    let orbit = OrbitDev::start(&["--enable-fault-api"]).await;
+    let client = orbit.client();
+    let sub = client
+        .create_subscription(QUEUE, &["task.cancelled"])
+        .await
+        .unwrap();
+    let (status, _) = http_raw(
+        &orbit.addr,
+        "POST",
+        "/v1/_faults",
+        None,
+        Some(&json!({"fault": "drop-next-ack-reply"})),
+    );
+    assert_eq!(status, 200);
+    cancelled_task(&client).await;
+
+    let consumer = EventConsumer::new(client.clone(), sub.id.clone())
+        .backoff(Duration::from_millis(50), Duration::from_millis(200))
+        .start(|_d| async { Ok::<(), String>(()) });
+    let mut events = consumer.events();
+    let answer = tokio::time::timeout(Duration::from_secs(15), async {
+        loop {
+            if let Ok(ConsumerEvent::Ack { result, .. }) = events.recv().await {
+                return result;
+            }
+        }
+    })
+    .await
+    .expect("the re-reported ACK is answered");
+    // The platform recorded the first ACK; the repeat, with the same proof, is recognised.
+    assert_eq!(answer, AckResult::AlreadyAcked);
+    let d = &deliveries(&client, &sub.id).await[0];
+    assert_eq!((d.state.as_str(), d.attempts), ("ACKED", 1));
+    consumer.shutdown(Duration::from_secs(5)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spent_budget_expires_and_occupies_the_window_until_budget_is_added() {
+    let orbit = OrbitDev::start(&[
+        "--lease-seconds",
+        "1",
+        "--max-attempts",
+        "2",
+        "--window",
+        "1",
+    ])
+    .await;
+    let client = orbit.client();
+    let sub = client
+        .create_subscription(QUEUE, &["task.cancelled"])
+        .await
+        .unwrap();
+    let first_task = cancelled_task(&client).await;
+    let fail_first = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let seen: Arc<Mutex<Vec<String>>> = Arc::default();
+    let consumer = {
+        let (fail_first, seen) = (fail_first.clone(), seen.clone());
+        EventConsumer::new(client.clone(), sub.id.clone()).start(move |d| {
+            let fail = fail_first.load(Ordering::SeqCst) && d.event_json().contains(&first_task);
+            seen.lock().unwrap().push(d.event_json().to_owned());
+            async move {
+                if fail {
+                    Err("the business update failed")
+                } else {
+                    Ok(())
+                }
+            }
+        })
+    };
+    let c = client.clone();
+    let s = sub.id.clone();
+    eventually(
+        Duration::from_secs(15),
+        "the first delivery to expire",
+        || {
+            let (c, s) = (c.clone(), s.clone());
+            async move { deliveries(&c, &s).await[0].state == "EXPIRED" }
+        },
+    )
+    .await;
+    let expired = deliveries(&client, &sub.id).await[0].clone();
+    assert_eq!(expired.attempts, 2);
+
+    // The EXPIRED delivery fills the window of 1: a second event is not delivered.
+    cancelled_task(&client).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let all = deliveries(&client, &sub.id).await;
+    assert_eq!(all[1].state, "PENDING", "{all:?}");
+    assert_eq!(all[1].attempts, 0);
+
+    fail_first.store(false, Ordering::SeqCst);
+    let d = client.add_budget(&expired.id, 1).await.unwrap();
+    assert_eq!((d.state.as_str(), d.budget), ("PENDING", 3));
+    eventually(
+        Duration::from_secs(15),
+        "both deliveries to be ACKED",
+        || {
+            let (c, s) = (c.clone(), s.clone());
+            async move { deliveries(&c, &s).await.iter().all(|d| d.state == "ACKED") }
+        },
+    )
+    .await;
+    let all = deliveries(&client, &sub.id).await;
+    assert_eq!(all[0].attempts, 3);
+    assert_eq!(all[1].attempts, 1);
+    let e = client.add_budget(&expired.id, 1).await.unwrap_err();
+    assert_eq!(e.code(), Some("not_expired"));
+    let e = client.add_budget(&expired.id, 11).await.unwrap_err();
+    assert_eq!(e.status(), Some(422));
+    consumer.shutdown(Duration::from_secs(5)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pause_holds_deliveries_and_resume_releases_the_backlog() {
+    let orbit = OrbitDev::start(&[]).await;
+    let client = orbit.client();
+    let sub = client
+        .create_subscription(QUEUE, &["task.cancelled"])
+        .await
+        .unwrap();
+    for _ in 0..3 {
+        cancelled_task(&client).await;
+    }
+    assert!(!client.pause_subscription(&sub.id).await.unwrap().enabled);
+    let handled = Arc::new(AtomicUsize::new(0));
+    let consumer = {
+        let handled = handled.clone();
+        EventConsumer::new(client.clone(), sub.id.clone()).start(move |_d| {
+            handled.fetch_add(1, Ordering::SeqCst);
+            async { Ok::<(), String>(()) }
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(handled.load(Ordering::SeqCst), 0, "nothing while paused");
+    assert!(client.resume_subscription(&sub.id).await.unwrap().enabled);
+    let c = client.clone();
+    let s = sub.id.clone();
+    eventually(Duration::from_secs(15), "the backlog to be ACKED", || {
+        let (c, s) = (c.clone(), s.clone());
+        async move {
+            let all = deliveries(&c, &s).await;
+            all.len() == 3 && all.iter().all(|d| d.state == "ACKED")
+        }
+    })
+    .await;
+    assert_eq!(handled.load(Ordering::SeqCst), 3);
+    consumer.shutdown(Duration::from_secs(5)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn limits_scopes_queues_and_tokens() {
+    let orbit = OrbitDev::start(&[]).await;
+    let client = orbit.client();
+    let token = orbit.credentials().token.expose().to_owned();
+    let mut bodies = Vec::new();
+    for _ in 0..64 {
+        client
+            .create_subscription(QUEUE, &["task.cancelled"])
+            .await
+            .unwrap();
+    }
+    let e = client
+        .create_subscription(QUEUE, &["task.cancelled"])
+        .await
+        .unwrap_err();
+    assert_eq!(
+        (e.status(), e.code()),
+        (Some(409), Some("subscription_limit"))
+    );
+    assert!(e.to_string().contains("64"), "{e}");
+
+    // A task-only credential from a second bootstrap (no --event-access).
+    let task_only = orbit.credentials_file.with_file_name("tasks.json");
+    let out = std::process::Command::new(conformance::workspace_bin("orbit-dev"))
+        .args([
+            "bootstrap",
+            "--application",
+            "a",
+            "--namespace",
+            "default",
+            "--environment",
+            "development",
+            "--queue",
+            "other-queue",
+            "--output",
+        ])
+        .arg(&task_only)
+        .env("ORBIT_MYSQL_DSN", orbit.db.platform_url())
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert!(
+        !String::from_utf8_lossy(&out.stdout).contains("orb_"),
+        "bootstrap never prints the token"
+    );
+    let other = orbit_sdk::Credentials::load(&task_only).unwrap();
+    let (status, body) = http_raw(
+        &orbit.addr,
+        "POST",
+        "/v1/subscriptions",
+        Some(other.token.expose()),
+        Some(&json!({"queue_id": "other-queue", "event_types": ["task.cancelled"]})),
+    );
+    assert_eq!(status, 403);
+    assert!(
+        body.contains("missing_scope") && body.contains("events:manage"),
+        "{body}"
+    );
+    bodies.push(body);
+    // Queue not bound: the first credential asks for other-queue.
+    let (status, body) = http_raw(
+        &orbit.addr,
+        "POST",
+        "/v1/queues/other-queue/tasks",
+        Some(&token),
+        Some(&json!({})),
+    );
+    assert_eq!(status, 403);
+    assert!(body.contains("queue_not_bound"), "{body}");
+    bodies.push(body);
+    let (status, body) = http_raw(
+        &orbit.addr,
+        "GET",
+        "/v1/credential",
+        Some("orb_wrong"),
+        None,
+    );
+    assert_eq!(status, 401);
+    bodies.push(body);
+    let (status, body) = http_raw(&orbit.addr, "GET", "/v1/credential", None, None);
+    assert_eq!(status, 401);
+    bodies.push(body);
+    let (status, body) = http_raw(&orbit.addr, "GET", "/v1/credential", Some(&token), None);
+    assert_eq!(status, 200);
+    bodies.push(body);
+    let (status, body) = http_raw(
+        &orbit.addr,
+        "POST",
+        "/v1/subscriptions",
+        Some(&token),
+        Some(&json!({"queue": 1})),
+    );
+    assert_eq!(status, 422);
+    assert!(body.contains("invalid_request"), "{body}");
+    bodies.push(body);
+    // Without --enable-fault-api the fault endpoint does not exist.
+    let (status, _) = http_raw(
+        &orbit.addr,
+        "POST",
+        "/v1/_faults",
+        Some(&token),
+        Some(&json!({"fault": "drop-next-ack-reply"})),
+    );
+    assert_eq!(status, 404);
+    for b in &bodies {
+        assert!(
+            !b.contains(&token) && !b.contains(other.token.expose()),
+            "a body shows a token: {b}"
+        );
+        let v: Value = serde_json::from_str(b).unwrap();
+        if !v["error"].is_null() {
+            assert!(
+                v["error"]["code"].is_string() && v["error"]["message"].is_string(),
+                "{b}"
+            );
+        }
+    }
+    assert!(!format!("{client:?}").contains(&token));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blocked_handlers_hold_at_most_the_concurrency_and_shutdown_meets_its_deadline() {
+    let orbit = OrbitDev::start(&[]).await;
+    let client = orbit.client();
+    let sub = client
+        .create_subscription(QUEUE, &["task.cancelled"])
+        .await
+        .unwrap();
+    for _ in 0..10 {
+        cancelled_task(&client).await;
+    }
+    let started = Arc::new(AtomicUsize::new(0));
+    let consumer = {
+        let started = started.clone();
+        EventConsumer::new(client.clone(), sub.id.clone())
+            .concurrency(4)
+            .start(move |_d| {
+                started.fetch_add(1, Ordering::SeqCst);
+                async {
+                    tokio::time::sleep(Duration::from_secs(3600)).await;
+                    Ok::<(), String>(())
+                }
+            })
+    };
+    let s2 = started.clone();
+    eventually(Duration::from_secs(10), "four handlers to start", || {
+        let s2 = s2.clone();
+        async move { s2.load(Ordering::SeqCst) == 4 }
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let leased = client
+        .list_deliveries(
+            &sub.id,
+            &DeliveryFilter {
+                state: Some("LEASED".into()),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(leased.len(), 4);
+    assert_eq!(started.load(Ordering::SeqCst), 4);
+    let t = Instant::now();
+    let summary = consumer.shutdown(Duration::from_secs(2)).await;
+    assert!(t.elapsed() < Duration::from_secs(2) + Duration::from_millis(200));
+    assert_eq!(summary.cancelled_handlers, 4);
+    let acked = client
+        .list_deliveries(
+            &sub.id,
+            &DeliveryFilter {
+                state: Some("ACKED".into()),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert!(acked.is_empty(), "cancelled handlers are not ACKed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_platform_comes_back_and_nothing_is_lost_or_acked_twice() {
+    let mut orbit = OrbitDev::start(&["--lease-seconds", "2"]).await;
+    let client = orbit.client();
+    let sub = client
+        .create_subscription(QUEUE, &["task.cancelled"])
+        .await
+        .unwrap();
+    for _ in 0..5 {
+        cancelled_task(&client).await;
+    }
+    let acks: Arc<Mutex<HashMap<String, Vec<AckResult>>>> = Arc::default();
+    let consumer = EventConsumer::new(client.clone(), sub.id.clone())
+        .backoff(Duration::from_millis(50), Duration::from_millis(300))
+        .start(|_d| async {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            Ok::<(), String>(())
+        });
+    let mut events = consumer.events();
+    let recorder = {
+        let acks = acks.clone();
+        tokio::spawn(async move {
+            while let Ok(e) = events.recv().await {
+                if let ConsumerEvent::Ack {
+                    delivery_id,
+                    result,
+                    ..
+                } = e
+                {
+                    acks.lock()
+                        .unwrap()
+                        .entry(delivery_id)
+                        .or_default()
+                        .push(result);
+                }
+            }
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    orbit.kill();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    orbit.restart();
+    for _ in 0..5 {
+        cancelled_task(&client).await;
+    }
+    let c = client.clone();
+    let s = sub.id.clone();
+    eventually(
+        Duration::from_secs(30),
+        "all ten deliveries to be ACKED",
+        || {
+            let (c, s) = (c.clone(), s.clone());
+            async move {
+                let all = deliveries(&c, &s).await;
+                all.len() == 10 && all.iter().all(|d| d.state == "ACKED")
+            }
+        },
+    )
+    .await;
+    consumer.shutdown(Duration::from_secs(5)).await;
+    recorder.abort();
+    let acks = acks.lock().unwrap();
+    for (id, results) in acks.iter() {
+        let acked = results.iter().filter(|r| **r == AckResult::Acked).count();
+        assert!(acked <= 1, "{id} was ACKed {acked} times: {results:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_big_integer_result_reaches_the_handler_with_its_exact_text() {
+    let orbit = OrbitDev::start(&[]).await;
+    let client = orbit.client();
+    let token = orbit.credentials().token.expose().to_owned();
+    let sub = client
+        .create_subscription(QUEUE, &["task.succeeded", "task.needs_review"])
+        .await
+        .unwrap();
+    // Raw HTTP with the body as text, not the SDK's types (nor serde_json's Value, which
+    // would round the big integer), so the two sides cannot be wrong the same way.
+    let result = r#"{"total": 123456789012345678901234567890, "price": 1.50, "neg": -0}"#;
+    let raw_body = format!(r#"{{"state":"NEEDS_REVIEW","result":{result}}}"#);
+    let task2 = client.submit_task(QUEUE, None).await.unwrap();
+    let reply = raw_post(
+        &orbit.addr,
+        &format!("/v1/tasks/{}/report", task2.id),
+        &token,
+        &raw_body,
+    );
+    assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+    assert!(reply.contains("123456789012345678901234567890"), "{reply}");
+
+    let seen: Arc<Mutex<Vec<String>>> = Arc::default();
+    let consumer = {
+        let seen = seen.clone();
+        EventConsumer::new(client.clone(), sub.id.clone()).start(move |d| {
+            seen.lock().unwrap().push(d.event_json().to_owned());
+            async { Ok::<(), String>(()) }
+        })
+    };
+    let s2 = seen.clone();
+    eventually(Duration::from_secs(10), "the needs-review event", || {
+        let s2 = s2.clone();
+        async move {
+            s2.lock()
+                .unwrap()
+                .iter()
+                .any(|e| e.contains("NEEDS_REVIEW"))
+        }
+    })
+    .await;
+    let event = seen
+        .lock()
+        .unwrap()
+        .iter()
+        .find(|e| e.contains("NEEDS_REVIEW"))
+        .cloned()
+        .unwrap();
+    assert!(
+        event.contains(
+            r#""result":{"total": 123456789012345678901234567890, "price": 1.50, "neg": -0}"#
+        ),
+        "{event}"
+    );
+    assert!(event.contains(r#""type":"task.needs_review""#), "{event}");
+    assert!(
+        event.contains(&format!(r#""task_id":"{}""#, task2.id)),
+        "{event}"
+    );
+    consumer.shutdown(Duration::from_secs(5)).await;
+}
+
+/// POSTs `body` verbatim (no JSON round trip in the test either); the raw reply.
+fn raw_post(addr: &str, path: &str, token: &str, body: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    write!(
+        s,
+        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {token}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut reply = String::new();
+    s.read_to_string(&mut reply).unwrap();
+    reply
+}

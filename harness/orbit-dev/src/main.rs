@@ -1,0 +1,260 @@
+//! `orbit-dev`: the development Orbit platform, a real server speaking `docs/orbit-protocol.md`
+//! with all state in its own MySQL database. Built for development and tests; there is no
+//! public Orbit to test against.
+//!
+//! Exit codes: 0 stopped by a signal (or bootstrap done), 1 failure, 2 bad usage.
+
+mod api;
+mod db;
+
+use std::process::ExitCode;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::Duration;
+
+use orbit_sdk::wire::{
+    SCOPE_EVENTS_CONSUME, SCOPE_EVENTS_MANAGE, SCOPE_EVENTS_READ, SCOPE_TASKS_CANCEL,
+    SCOPE_TASKS_SUBMIT,
+};
+use orbit_sdk::{Credentials, Token};
+use tokio::sync::Notify;
+
+const USAGE: &str = "usage:
+  orbit-dev serve [--listen 127.0.0.1:8080] [--lease-seconds 30] [--max-attempts 5] [--window 64] [--enable-fault-api]
+  orbit-dev bootstrap --application NAME --namespace NAME --environment NAME --queue ID [--event-access] --output PATH
+
+environment:
+  ORBIT_MYSQL_DSN  the platform's own database, e.g. mysql://orbit:…@127.0.0.1:3306/orbit_test
+
+serve: prints `listening=HOST:PORT` on stdout once it accepts connections. Leases last
+  --lease-seconds (30 by default, the real timing); a delivery gets --max-attempts leases before
+  it is EXPIRED; a subscription holds at most --window outstanding deliveries (EXPIRED included).
+  --enable-fault-api adds POST /v1/_faults (test-only faults: drop-next-ack-reply,
+  close-stream-after-delivery); without it the endpoint does not exist.
+bootstrap: creates the namespace and queue if missing and a new credential bound to the queue
+  with tasks:submit and tasks:cancel (plus events:read, events:consume, events:manage with
+  --event-access); writes it to PATH with mode 0600 and prints where, never the token.";
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.is_empty() || args.iter().any(|a| a == "--help" || a == "-h") {
+        println!("{USAGE}");
+        return if args.is_empty() {
+            ExitCode::from(2)
+        } else {
+            ExitCode::SUCCESS
+        };
+    }
+    #[allow(clippy::disallowed_methods)] // the binary's one environment read
+    let dsn = std::env::var("ORBIT_MYSQL_DSN")
+        .ok()
+        .filter(|v| !v.is_empty());
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a tokio runtime starts");
+    let result = match args[0].as_str() {
+        "serve" => parse_serve(&args[1..]).and_then(|o| {
+            let dsn = dsn
+                .ok_or_else(|| usage("ORBIT_MYSQL_DSN is not set: name the platform's database"))?;
+            runtime.block_on(serve(o, dsn))
+        }),
+        "bootstrap" => parse_bootstrap(&args[1..]).and_then(|o| {
+            let dsn = dsn
+                .ok_or_else(|| usage("ORBIT_MYSQL_DSN is not set: name the platform's database"))?;
+            runtime.block_on(bootstrap(o, dsn))
+        }),
+        other => Err(usage(&format!("unknown command `{other}`"))),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err((code, message)) => {
+            eprintln!("orbit-dev: {message}");
+            ExitCode::from(code)
+        }
+    }
+}
+
+type Failure = (u8, String);
+
+fn usage(message: &str) -> Failure {
+    (2, format!("{message}; see orbit-dev --help"))
+}
+
+struct ServeOptions {
+    listen: String,
+    lease: Duration,
+    max_attempts: u32,
+    window: u32,
+    fault_api: bool,
+}
+
+fn number(flag: &str, value: Option<&String>, min: u64, max: u64) -> Result<u64, Failure> {
+    value
+        .and_then(|v| v.parse::<u64>().ok())
+        .filter(|v| (min..=max).contains(v))
+        .ok_or_else(|| usage(&format!("{flag} takes a number from {min} to {max}")))
+}
+
+fn parse_serve(args: &[String]) -> Result<ServeOptions, Failure> {
+    let mut o = ServeOptions {
+        listen: "127.0.0.1:8080".into(),
+        lease: Duration::from_secs(30),
+        max_attempts: 5,
+        window: 64,
+        fault_api: false,
+    };
+    let mut it = args.iter();
+    while let Some(flag) = it.next() {
+        match flag.as_str() {
+            "--listen" => {
+                o.listen = it
+                    .next()
+                    .cloned()
+                    .ok_or_else(|| usage("--listen needs an address"))?
+            }
+            "--lease-seconds" => o.lease = Duration::from_secs(number(flag, it.next(), 1, 3600)?),
+            "--max-attempts" => o.max_attempts = number(flag, it.next(), 1, 1000)? as u32,
+            "--window" => o.window = number(flag, it.next(), 1, 10_000)? as u32,
+            "--enable-fault-api" => o.fault_api = true,
+            other => return Err(usage(&format!("unknown argument `{other}`"))),
+        }
+    }
+    Ok(o)
+}
+
+async fn serve(o: ServeOptions, dsn: String) -> Result<(), Failure> {
+    let pool = db::open(&dsn).await.map_err(|e| (1, e))?;
+    let listener = tokio::net::TcpListener::bind(&o.listen)
+        .await
+        .map_err(|e| (1, format!("cannot listen on {}: {e}", o.listen)))?;
+    let addr = listener.local_addr().map_err(|e| (1, e.to_string()))?;
+    if !addr.ip().is_loopback() {
+        eprintln!("orbit-dev: warning: listening on {addr}, beyond loopback; this is a development server");
+    }
+    let platform = Arc::new(api::Platform {
+        pool,
+        lease: o.lease,
+        max_attempts: o.max_attempts,
+        window: o.window,
+        fault_api: o.fault_api,
+        wake: Notify::new(),
+        drop_next_ack_reply: AtomicBool::new(false),
+        close_after_delivery: AtomicBool::new(false),
+    });
+    tokio::spawn(api::expire_leases(platform.clone()));
+    println!("listening={addr}");
+    let app = api::router(platform);
+    let stop = async {
+        use tokio::signal::unix::{signal, SignalKind};
+        if let (Ok(mut term), Ok(mut int)) = (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        ) {
+            tokio::select! { _ = term.recv() => {}, _ = int.recv() => {} }
+        }
+    };
+    axum::serve(listener, app)
+        .with_graceful_shutdown(stop)
+        .await
+        .map_err(|e| (1, format!("server failed: {e}")))
+}
+
+struct BootstrapOptions {
+    application: String,
+    namespace: String,
+    environment: String,
+    queue: String,
+    event_access: bool,
+    output: String,
+}
+
+fn parse_bootstrap(args: &[String]) -> Result<BootstrapOptions, Failure> {
+    let (mut application, mut namespace, mut environment, mut queue, mut output) =
+        (None, None, None, None, None);
+    let mut event_access = false;
+    let mut it = args.iter();
+    while let Some(flag) = it.next() {
+        let mut value = || {
+            it.next()
+                .cloned()
+                .filter(|v| !v.is_empty())
+                .ok_or_else(|| usage(&format!("{flag} needs a value")))
+        };
+        match flag.as_str() {
+            "--application" => application = Some(value()?),
+            "--namespace" => namespace = Some(value()?),
+            "--environment" => environment = Some(value()?),
+            "--queue" => queue = Some(value()?),
+            "--output" => output = Some(value()?),
+            "--event-access" => event_access = true,
+            other => return Err(usage(&format!("unknown argument `{other}`"))),
+        }
+    }
+    let need =
+        |v: Option<String>, flag: &str| v.ok_or_else(|| usage(&format!("{flag} is required")));
+    let queue = need(queue, "--queue")?;
+    if queue.len() > 128 || queue.contains(',') || queue.chars().any(char::is_control) {
+        return Err(usage(
+            "--queue must be at most 128 characters, without commas or control characters",
+        ));
+    }
+    Ok(BootstrapOptions {
+        application: need(application, "--application")?,
+        namespace: need(namespace, "--namespace")?,
+        environment: need(environment, "--environment")?,
+        queue,
+        event_access,
+        output: need(output, "--output")?,
+    })
+}
+
+async fn bootstrap(o: BootstrapOptions, dsn: String) -> Result<(), Failure> {
+    let pool = db::open(&dsn).await.map_err(|e| (1, e))?;
+    let fail = |e: sqlx::Error| (1, format!("bootstrap failed: {e}"));
+    sqlx::query("INSERT IGNORE INTO orbit_namespaces (name, application, environment, created_at) VALUES (?, ?, ?, UTC_TIMESTAMP(6))")
+        .bind(&o.namespace)
+        .bind(&o.application)
+        .bind(&o.environment)
+        .execute(&pool)
+        .await
+        .map_err(fail)?;
+    sqlx::query("INSERT IGNORE INTO orbit_queues (id, namespace, created_at) VALUES (?, ?, UTC_TIMESTAMP(6))")
+        .bind(&o.queue)
+        .bind(&o.namespace)
+        .execute(&pool)
+        .await
+        .map_err(fail)?;
+    let mut scopes = vec![SCOPE_TASKS_SUBMIT, SCOPE_TASKS_CANCEL];
+    if o.event_access {
+        scopes.extend([SCOPE_EVENTS_READ, SCOPE_EVENTS_CONSUME, SCOPE_EVENTS_MANAGE]);
+    }
+    let token = format!("orb_{}", db::random_hex(24));
+    sqlx::query("INSERT INTO orbit_credentials (token_sha256, namespace, scopes, queues, created_at) VALUES (?, ?, ?, ?, UTC_TIMESTAMP(6))")
+        .bind(db::sha256(&token))
+        .bind(&o.namespace)
+        .bind(scopes.join(","))
+        .bind(&o.queue)
+        .execute(&pool)
+        .await
+        .map_err(fail)?;
+    let creds = Credentials {
+        token: Token::new(token),
+        application: o.application,
+        namespace: o.namespace,
+        environment: o.environment,
+        queue_id: o.queue.clone(),
+        scopes: scopes.iter().map(|s| (*s).to_owned()).collect(),
+    };
+    creds
+        .write(std::path::Path::new(&o.output))
+        .map_err(|e| (1, format!("cannot write {}: {e}", o.output)))?;
+    println!(
+        "credentials written to {} (mode 0600; queue {}; scopes {})",
+        o.output,
+        o.queue,
+        scopes.join(" ")
+    );
+    Ok(())
+}

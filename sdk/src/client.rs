@@ -1,0 +1,399 @@
+//! The HTTP client: one method per call of the contract, typed errors, and the URL policy
+//! (plain `http`/`ws` to loopback only; `https`/`wss` everywhere else).
+
+use std::time::Duration;
+
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use serde_json::value::RawValue;
+
+use crate::credentials::Token;
+use crate::wire::{
+    AddBudget, CreateSubscription, CredentialInfo, DeliveryInfo, ErrorBody, ReportTask, SubmitTask,
+    Subscription, Task,
+};
+
+/// Why a call failed. Never contains a token or a proof.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SdkError {
+    /// The platform answered with an error.
+    #[error("orbit {status} {code}: {message}")]
+    Api {
+        status: u16,
+        code: String,
+        message: String,
+    },
+    /// The URL breaks the policy or does not parse.
+    #[error("invalid ORBIT_URL: {0}")]
+    Url(String),
+    /// The platform could not be reached, or the connection broke.
+    #[error("cannot reach the platform: {0}")]
+    Transport(String),
+    /// The platform answered something that is not the contract.
+    #[error("unexpected reply from the platform: {0}")]
+    Decode(String),
+}
+
+impl SdkError {
+    /// The API error code, if the platform answered with one.
+    pub fn code(&self) -> Option<&str> {
+        match self {
+            SdkError::Api { code, .. } => Some(code),
+            _ => None,
+        }
+    }
+
+    /// The HTTP status, if the platform answered with an error.
+    pub fn status(&self) -> Option<u16> {
+        match self {
+            SdkError::Api { status, .. } => Some(*status),
+            _ => None,
+        }
+    }
+}
+
+/// A checked base URL.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BaseUrl {
+    secure: bool,
+    /// `host[:port]` and any path prefix, without a trailing slash.
+    rest: String,
+}
+
+fn is_loopback(host: &str) -> bool {
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
+impl BaseUrl {
+    /// Parses `url`, refusing plain HTTP to anything but loopback.
+    pub fn parse(url: &str) -> Result<BaseUrl, SdkError> {
+        let (scheme, rest) = url
+            .split_once("://")
+            .ok_or_else(|| SdkError::Url("must start with http:// or https://".into()))?;
+        let rest = rest.trim_end_matches('/');
+        let authority = rest.split('/').next().unwrap_or("");
+        if authority.is_empty() || authority.contains('@') {
+            return Err(SdkError::Url("needs a host and no user information".into()));
+        }
+        let host = if authority.starts_with('[') {
+            authority.split(']').next().unwrap_or("").to_owned() + "]"
+        } else {
+            authority.split(':').next().unwrap_or("").to_owned()
+        };
+        let secure = match scheme.to_ascii_lowercase().as_str() {
+            "https" => true,
+            "http" if is_loopback(&host) => false,
+            "http" => {
+                return Err(SdkError::Url(format!(
+                    "plain http is allowed to loopback only; use https://{authority}"
+                )))
+            }
+            other => return Err(SdkError::Url(format!("unsupported scheme {other}"))),
+        };
+        Ok(BaseUrl {
+            secure,
+            rest: rest.to_owned(),
+        })
+    }
+
+    fn http(&self, path: &str) -> String {
+        format!(
+            "{}://{}{path}",
+            if self.secure { "https" } else { "http" },
+            self.rest
+        )
+    }
+
+    /// The WebSocket URL for `path` (`wss` exactly when the base is `https`).
+    pub fn ws(&self, path: &str) -> String {
+        format!(
+            "{}://{}{path}",
+            if self.secure { "wss" } else { "ws" },
+            self.rest
+        )
+    }
+}
+
+/// Filters for listing deliveries.
+#[derive(Debug, Clone, Default)]
+pub struct DeliveryFilter {
+    pub state: Option<String>,
+    pub task_id: Option<String>,
+    pub limit: Option<u32>,
+}
+
+/// A client for one platform and one credential.
+#[derive(Debug, Clone)]
+pub struct Client {
+    http: reqwest::Client,
+    base: BaseUrl,
+    token: Token,
+}
+
+/// Percent-encodes one path segment.
+fn seg(s: &str) -> String {
+    let mut out = String::new();
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+impl Client {
+    /// A client for `base_url` (see [`BaseUrl::parse`]) using `token`.
+    pub fn new(base_url: &str, token: Token) -> Result<Client, SdkError> {
+        let base = BaseUrl::parse(base_url)?;
+        let http = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(5))
+            .timeout(Duration::from_secs(30))
+            .build()
+            .map_err(|e| SdkError::Transport(e.to_string()))?;
+        Ok(Client { http, base, token })
+    }
+
+    /// The base URL.
+    pub fn base(&self) -> &BaseUrl {
+        &self.base
+    }
+
+    pub(crate) fn token(&self) -> &Token {
+        &self.token
+    }
+
+    async fn call<T: DeserializeOwned>(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<&(impl Serialize + ?Sized)>,
+    ) -> Result<T, SdkError> {
+        let mut req = self
+            .http
+            .request(method, self.base.http(path))
+            .bearer_auth(self.token.expose());
+        if let Some(body) = body {
+            req = req.json(body);
+        }
+        let resp = req
+            .send()
+            .await
+            .map_err(|e| SdkError::Transport(e.without_url().to_string()))?;
+        let status = resp.status().as_u16();
+        let bytes = resp
+            .bytes()
+            .await
+            .map_err(|e| SdkError::Transport(e.without_url().to_string()))?;
+        if status >= 400 {
+            return Err(match serde_json::from_slice::<ErrorBody>(&bytes) {
+                Ok(b) => SdkError::Api {
+                    status,
+                    code: b.error.code,
+                    message: b.error.message,
+                },
+                Err(_) => SdkError::Api {
+                    status,
+                    code: "http_error".into(),
+                    message: format!("HTTP {status} without an error body"),
+                },
+            });
+        }
+        serde_json::from_slice(&bytes).map_err(|e| SdkError::Decode(e.to_string()))
+    }
+
+    /// Submits a task to `queue`, with an optional JSON input.
+    pub async fn submit_task(
+        &self,
+        queue: &str,
+        input: Option<&RawValue>,
+    ) -> Result<Task, SdkError> {
+        let body = SubmitTask {
+            input: input.map(|r| r.to_owned()),
+        };
+        self.call(
+            reqwest::Method::POST,
+            &format!("/v1/queues/{}/tasks", seg(queue)),
+            Some(&body),
+        )
+        .await
+    }
+
+    /// A task.
+    pub async fn get_task(&self, id: &str) -> Result<Task, SdkError> {
+        self.call(
+            reqwest::Method::GET,
+            &format!("/v1/tasks/{}", seg(id)),
+            None::<&()>,
+        )
+        .await
+    }
+
+    /// Cancels a task that has not finished.
+    pub async fn cancel_task(&self, id: &str) -> Result<Task, SdkError> {
+        self.call(
+            reqwest::Method::POST,
+            &format!("/v1/tasks/{}/cancel", seg(id)),
+            None::<&()>,
+        )
+        .await
+    }
+
+    /// A worker's report: RUNNING, SUCCEEDED, FAILED or NEEDS_REVIEW, with a result.
+    pub async fn report_task(
+        &self,
+        id: &str,
+        state: &str,
+        result: Option<&RawValue>,
+    ) -> Result<Task, SdkError> {
+        let body = ReportTask {
+            state: state.to_owned(),
+            result: result.map(|r| r.to_owned()),
+        };
+        self.call(
+            reqwest::Method::POST,
+            &format!("/v1/tasks/{}/report", seg(id)),
+            Some(&body),
+        )
+        .await
+    }
+
+    /// Creates a subscription to `event_types` on `queue`.
+    pub async fn create_subscription(
+        &self,
+        queue: &str,
+        event_types: &[&str],
+    ) -> Result<Subscription, SdkError> {
+        let body = CreateSubscription {
+            queue_id: queue.to_owned(),
+            event_types: event_types.iter().map(|s| (*s).to_owned()).collect(),
+        };
+        self.call(reqwest::Method::POST, "/v1/subscriptions", Some(&body))
+            .await
+    }
+
+    /// A subscription.
+    pub async fn get_subscription(&self, id: &str) -> Result<Subscription, SdkError> {
+        self.call(
+            reqwest::Method::GET,
+            &format!("/v1/subscriptions/{}", seg(id)),
+            None::<&()>,
+        )
+        .await
+    }
+
+    /// Stops new deliveries to a subscription.
+    pub async fn pause_subscription(&self, id: &str) -> Result<Subscription, SdkError> {
+        self.call(
+            reqwest::Method::POST,
+            &format!("/v1/subscriptions/{}/pause", seg(id)),
+            None::<&()>,
+        )
+        .await
+    }
+
+    /// Lets deliveries flow to a paused subscription again.
+    pub async fn resume_subscription(&self, id: &str) -> Result<Subscription, SdkError> {
+        self.call(
+            reqwest::Method::POST,
+            &format!("/v1/subscriptions/{}/resume", seg(id)),
+            None::<&()>,
+        )
+        .await
+    }
+
+    /// A subscription's deliveries, oldest first.
+    pub async fn list_deliveries(
+        &self,
+        subscription: &str,
+        filter: &DeliveryFilter,
+    ) -> Result<Vec<DeliveryInfo>, SdkError> {
+        let mut query = Vec::new();
+        if let Some(s) = &filter.state {
+            query.push(format!("state={}", seg(s)));
+        }
+        if let Some(t) = &filter.task_id {
+            query.push(format!("task_id={}", seg(t)));
+        }
+        if let Some(l) = filter.limit {
+            query.push(format!("limit={l}"));
+        }
+        let q = if query.is_empty() {
+            String::new()
+        } else {
+            format!("?{}", query.join("&"))
+        };
+        self.call(
+            reqwest::Method::GET,
+            &format!("/v1/subscriptions/{}/deliveries{q}", seg(subscription)),
+            None::<&()>,
+        )
+        .await
+    }
+
+    /// A delivery.
+    pub async fn get_delivery(&self, id: &str) -> Result<DeliveryInfo, SdkError> {
+        self.call(
+            reqwest::Method::GET,
+            &format!("/v1/deliveries/{}", seg(id)),
+            None::<&()>,
+        )
+        .await
+    }
+
+    /// Gives an EXPIRED delivery `add` (1–10) more leases; it becomes PENDING again.
+    pub async fn add_budget(&self, id: &str, add: u32) -> Result<DeliveryInfo, SdkError> {
+        self.call(
+            reqwest::Method::POST,
+            &format!("/v1/deliveries/{}/budget", seg(id)),
+            Some(&AddBudget { add }),
+        )
+        .await
+    }
+
+    /// What this client's credential may do.
+    pub async fn credential(&self) -> Result<CredentialInfo, SdkError> {
+        self.call(reqwest::Method::GET, "/v1/credential", None::<&()>)
+            .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plain_http_only_to_loopback() {
+        for ok in [
+            "http://127.0.0.1:8080",
+            "http://localhost:8080/",
+            "http://[::1]:8080",
+            "https://orbit.example.com",
+            "HTTPS://orbit.example.com/base",
+        ] {
+            assert!(BaseUrl::parse(ok).is_ok(), "{ok}");
+        }
+        for bad in [
+            "http://orbit.example.com",
+            "http://10.0.0.1:8080",
+            "ws://127.0.0.1",
+            "127.0.0.1:8080",
+            "http://user:pw@127.0.0.1",
+        ] {
+            assert!(BaseUrl::parse(bad).is_err(), "{bad}");
+        }
+        let b = BaseUrl::parse("https://orbit.example.com/").unwrap();
+        assert_eq!(b.ws("/v1/x"), "wss://orbit.example.com/v1/x");
+        let b = BaseUrl::parse("http://127.0.0.1:8080").unwrap();
+        assert_eq!(b.ws("/v1/x"), "ws://127.0.0.1:8080/v1/x");
+        assert_eq!(
+            BaseUrl::parse("http://orbit.example.com").unwrap_err().to_string(),
+            "invalid ORBIT_URL: plain http is allowed to loopback only; use https://orbit.example.com"
+        );
+    }
+}

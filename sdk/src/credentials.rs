@@ -1,0 +1,212 @@
+//! Credentials: the JSON file `orbit-dev bootstrap` writes (mode 0600), with `ORBIT_TOKEN` and
+//! `ORBIT_QUEUE_ID` overriding its values. The token is a [`Token`], which never prints.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+/// The file named by this variable holds the credentials.
+pub const ORBIT_CREDENTIALS_FILE: &str = "ORBIT_CREDENTIALS_FILE";
+/// Overrides the file's token.
+pub const ORBIT_TOKEN: &str = "ORBIT_TOKEN";
+/// Overrides the file's queue.
+pub const ORBIT_QUEUE_ID: &str = "ORBIT_QUEUE_ID";
+
+/// A bearer token. `Debug` and `Display` print a fixed mask.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Token(String);
+
+impl Token {
+    /// Wraps a token.
+    pub fn new(s: impl Into<String>) -> Self {
+        Token(s.into())
+    }
+    /// The token text, for the Authorization header only.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Token {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Token(***)")
+    }
+}
+
+impl fmt::Display for Token {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("***")
+    }
+}
+
+/// The credentials file's content.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Credentials {
+    pub token: Token,
+    pub application: String,
+    pub namespace: String,
+    pub environment: String,
+    pub queue_id: String,
+    pub scopes: Vec<String>,
+}
+
+/// Why credentials could not be had. Never contains the token.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CredentialsError {
+    #[error("{ORBIT_CREDENTIALS_FILE} is not set and {ORBIT_TOKEN}/{ORBIT_QUEUE_ID} do not both stand in for it")]
+    Missing,
+    #[error("cannot read credentials file {0}: {1}")]
+    Read(PathBuf, String),
+    #[error("credentials file {path} is readable by group or others (mode {mode:03o}): run chmod 600 {path}")]
+    Permissions { path: PathBuf, mode: u32 },
+    #[error("credentials file {0} is not valid credentials JSON: {1}")]
+    Malformed(PathBuf, String),
+    #[error("{0} is set but empty")]
+    Empty(&'static str),
+}
+
+impl Credentials {
+    /// Reads `path`, refusing a file that group or others may read.
+    pub fn load(path: &Path) -> Result<Credentials, CredentialsError> {
+        use std::os::unix::fs::PermissionsExt;
+        let meta = std::fs::metadata(path)
+            .map_err(|e| CredentialsError::Read(path.to_owned(), e.to_string()))?;
+        let mode = meta.permissions().mode() & 0o777;
+        if mode & 0o077 != 0 {
+            return Err(CredentialsError::Permissions {
+                path: path.to_owned(),
+                mode,
+            });
+        }
+        let text = std::fs::read(path)
+            .map_err(|e| CredentialsError::Read(path.to_owned(), e.to_string()))?;
+        // serde's message names the field and position, never the value.
+        serde_json::from_slice(&text)
+            .map_err(|e| CredentialsError::Malformed(path.to_owned(), e.to_string()))
+    }
+
+    /// The credentials from a file and/or overrides: `token` and `queue` replace the file's
+    /// values; with no file, both must be given.
+    pub fn resolve(
+        file: Option<&Path>,
+        token: Option<String>,
+        queue: Option<String>,
+    ) -> Result<Credentials, CredentialsError> {
+        if token.as_deref() == Some("") {
+            return Err(CredentialsError::Empty(ORBIT_TOKEN));
+        }
+        if queue.as_deref() == Some("") {
+            return Err(CredentialsError::Empty(ORBIT_QUEUE_ID));
+        }
+        let mut creds = match (file, &token, &queue) {
+            (Some(path), _, _) => Credentials::load(path)?,
+            (None, Some(token), Some(queue)) => Credentials {
+                token: Token::new(token.clone()),
+                application: String::new(),
+                namespace: String::new(),
+                environment: String::new(),
+                queue_id: queue.clone(),
+                scopes: Vec::new(),
+            },
+            _ => return Err(CredentialsError::Missing),
+        };
+        if let Some(t) = token {
+            creds.token = Token::new(t);
+        }
+        if let Some(q) = queue {
+            creds.queue_id = q;
+        }
+        Ok(creds)
+    }
+
+    /// [`Credentials::resolve`] from `ORBIT_CREDENTIALS_FILE`, `ORBIT_TOKEN`, `ORBIT_QUEUE_ID`.
+    #[allow(clippy::disallowed_methods)] // the SDK's one documented read of the environment
+    pub fn from_env() -> Result<Credentials, CredentialsError> {
+        let var = |name| std::env::var(name).ok();
+        let file = var(ORBIT_CREDENTIALS_FILE).filter(|f| !f.is_empty());
+        Credentials::resolve(
+            file.as_deref().map(Path::new),
+            var(ORBIT_TOKEN),
+            var(ORBIT_QUEUE_ID),
+        )
+    }
+
+    /// Writes the file with mode 0600 (creating its directory with mode 0700).
+    pub fn write(&self, path: &Path) -> std::io::Result<()> {
+        use std::io::Write;
+        use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(dir)?;
+        }
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(path)?;
+        // An existing file keeps its old mode through open(): set it.
+        file.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+        let mut text = serde_json::to_vec_pretty(self).map_err(std::io::Error::other)?;
+        text.push(b'\n');
+        file.write_all(&text)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Credentials {
+        Credentials {
+            token: Token::new("orb_secret_123"),
+            application: "inbox-example".into(),
+            namespace: "default".into(),
+            environment: "development".into(),
+            queue_id: "inbox-demo".into(),
+            scopes: vec!["events:read".into()],
+        }
+    }
+
+    #[test]
+    fn the_token_never_prints() {
+        let c = sample();
+        assert!(!format!("{c:?}").contains("orb_secret_123"));
+        assert_eq!(c.token.to_string(), "***");
+    }
+
+    #[test]
+    fn written_0600_and_refused_when_others_can_read() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("orbit-sdk-creds-{}", std::process::id()));
+        let path = dir.join("sub/inbox.credentials.json");
+        sample().write(&path).unwrap();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        assert_eq!(Credentials::load(&path).unwrap(), sample());
+
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let e = Credentials::load(&path).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("readable by group or others (mode 644)"),
+            "{e}"
+        );
+
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let over = Credentials::resolve(Some(&path), Some("t2".into()), Some("q2".into())).unwrap();
+        assert_eq!((over.token.expose(), over.queue_id.as_str()), ("t2", "q2"));
+        assert_eq!(
+            Credentials::resolve(None, Some("t".into()), None),
+            Err(CredentialsError::Missing)
+        );
+        std::fs::write(&path, b"{\"token\": 5}").unwrap();
+        let e = Credentials::load(&path).unwrap_err().to_string();
+        assert!(e.contains("not valid credentials JSON"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -1,0 +1,282 @@
+//! The Orbit protocol's JSON shapes, shared by the SDK and the development platform.
+//! `docs/orbit-protocol.md` is the contract these types follow.
+//!
+//! Event bodies and results travel as raw JSON (`RawValue`): their exact text, big integers and
+//! decimal spellings included, reaches the handler untouched.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+
+/// Scope: read subscriptions and deliveries.
+pub const SCOPE_EVENTS_READ: &str = "events:read";
+/// Scope: open a subscription's delivery stream and ACK.
+pub const SCOPE_EVENTS_CONSUME: &str = "events:consume";
+/// Scope: create, pause and resume subscriptions; add budget.
+pub const SCOPE_EVENTS_MANAGE: &str = "events:manage";
+/// Scope: submit tasks and report their results.
+pub const SCOPE_TASKS_SUBMIT: &str = "tasks:submit";
+/// Scope: cancel tasks.
+pub const SCOPE_TASKS_CANCEL: &str = "tasks:cancel";
+
+/// Every event type the platform emits, with the task state it carries.
+pub const EVENT_TYPES: &[(&str, &str)] = &[
+    ("task.submitted", "PENDING"),
+    ("task.started", "RUNNING"),
+    ("task.succeeded", "SUCCEEDED"),
+    ("task.failed", "FAILED"),
+    ("task.cancelled", "CANCELLED"),
+    ("task.needs_review", "NEEDS_REVIEW"),
+];
+
+/// A lease proof: what an ACK must carry. Never printed.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct LeaseProof(String);
+
+impl LeaseProof {
+    /// Wraps a proof.
+    pub fn new(s: impl Into<String>) -> Self {
+        LeaseProof(s.into())
+    }
+    /// The proof text, for the ACK message only.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for LeaseProof {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("LeaseProof(***)")
+    }
+}
+
+/// A task.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Task {
+    pub id: String,
+    pub namespace: String,
+    pub queue_id: String,
+    pub state: String,
+    pub version: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<Box<RawValue>>,
+    pub created_at: String,
+    pub updated_at: String,
+}
+
+/// `POST /v1/queues/{queue}/tasks`.
+#[derive(Debug, Default, Serialize, Deserialize)]
+pub struct SubmitTask {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input: Option<Box<RawValue>>,
+}
+
+/// `POST /v1/tasks/{id}/report`: a worker reports RUNNING, SUCCEEDED, FAILED or NEEDS_REVIEW.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct ReportTask {
+    pub state: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<Box<RawValue>>,
+}
+
+/// A subscription.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Subscription {
+    /// 32 characters.
+    pub id: String,
+    pub namespace: String,
+    pub queue_id: String,
+    pub event_types: Vec<String>,
+    pub enabled: bool,
+    /// Outstanding deliveries (LEASED and EXPIRED) it may hold.
+    pub window: u32,
+    pub created_at: String,
+}
+
+/// `POST /v1/subscriptions`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CreateSubscription {
+    pub queue_id: String,
+    pub event_types: Vec<String>,
+}
+
+/// A delivery, as listed (never with a proof).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeliveryInfo {
+    pub id: String,
+    pub subscription_id: String,
+    pub event_id: String,
+    pub event_type: String,
+    pub task_id: String,
+    /// PENDING, LEASED, ACKED or EXPIRED.
+    pub state: String,
+    /// Leases handed out so far.
+    pub attempts: u32,
+    /// Leases allowed in all.
+    pub budget: u32,
+    pub lease_expires_at: Option<String>,
+    pub created_at: String,
+    pub updated_at: String,
+}
+
+/// `POST /v1/deliveries/{id}/budget`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct AddBudget {
+    /// 1 to 10.
+    pub add: u32,
+}
+
+/// What a credential may do, as `GET /v1/credential` reports it (never the token).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CredentialInfo {
+    pub namespace: String,
+    pub queues: Vec<String>,
+    pub scopes: Vec<String>,
+}
+
+/// An error reply: `{"error":{"code":…,"message":…}}`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ErrorBody {
+    pub error: ErrorDetail,
+}
+
+/// The code and message of an error reply.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ErrorDetail {
+    pub code: String,
+    pub message: String,
+}
+
+/// A message from client to platform on the delivery stream.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ClientMessage {
+    /// May receive `credit` more deliveries.
+    Credit {
+        credit: u32,
+    },
+    /// The delivery was handled; `proof` is that delivery's lease proof.
+    Ack {
+        delivery_id: String,
+        proof: LeaseProof,
+    },
+    Heartbeat,
+}
+
+/// A message from platform to client on the delivery stream. Read it with
+/// [`ServerMessage::from_json`]: serde cannot buffer a raw event inside a tagged enum.
+#[derive(Debug, Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ServerMessage {
+    Delivery {
+        delivery_id: String,
+        /// 1 for the first lease, 2 after one expiry, …
+        attempt: u32,
+        proof: LeaseProof,
+        lease_expires_at: String,
+        /// The event, exactly as emitted.
+        event: Box<RawValue>,
+    },
+    AckResult {
+        delivery_id: String,
+        result: AckResult,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reason: Option<String>,
+    },
+    Heartbeat,
+}
+
+/// The platform's answer to an ACK.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AckResult {
+    /// This ACK moved the delivery to ACKED.
+    Acked,
+    /// The delivery was already ACKED by this same lease (a repeated ACK).
+    AlreadyAcked,
+    /// Not accepted: the proof belongs to a superseded or expired lease, or to nothing.
+    Refused,
+}
+
+/// Every field any server message has, for reading; `type` says which are present.
+#[derive(Deserialize)]
+struct ServerMessageFields {
+    #[serde(rename = "type")]
+    kind: String,
+    delivery_id: Option<String>,
+    attempt: Option<u32>,
+    proof: Option<LeaseProof>,
+    lease_expires_at: Option<String>,
+    event: Option<Box<RawValue>>,
+    result: Option<AckResult>,
+    reason: Option<String>,
+}
+
+impl ServerMessage {
+    /// Reads a stream message, keeping the event's exact text.
+    pub fn from_json(text: &str) -> Result<ServerMessage, String> {
+        let f: ServerMessageFields = serde_json::from_str(text).map_err(|e| e.to_string())?;
+        let missing = |field: &str| format!("a {} message without `{field}`", f.kind);
+        match f.kind.as_str() {
+            "delivery" => Ok(ServerMessage::Delivery {
+                delivery_id: f
+                    .delivery_id
+                    .clone()
+                    .ok_or_else(|| missing("delivery_id"))?,
+                attempt: f.attempt.ok_or_else(|| missing("attempt"))?,
+                proof: f.proof.clone().ok_or_else(|| missing("proof"))?,
+                lease_expires_at: f
+                    .lease_expires_at
+                    .clone()
+                    .ok_or_else(|| missing("lease_expires_at"))?,
+                event: f
+                    .event
+                    .ok_or_else(|| missing("event"))?,
+            }),
+            "ack_result" => Ok(ServerMessage::AckResult {
+                delivery_id: f
+                    .delivery_id
+                    .clone()
+                    .ok_or_else(|| missing("delivery_id"))?,
+                result: f.result.ok_or_else(|| missing("result"))?,
+                reason: f.reason,
+            }),
+            "heartbeat" => Ok(ServerMessage::Heartbeat),
+            other => Err(format!("unknown message type {other:?}")),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_delivery_keeps_the_event_text_and_hides_the_proof() {
+        let text = r#"{"type":"delivery","delivery_id":"d1","attempt":2,"proof":"p-secret","lease_expires_at":"2026-12-02T14:00:00Z","event":{"n": 123456789012345678901234567890, "x": 1.50}}"#;
+        let m = ServerMessage::from_json(text).unwrap();
+        assert!(!format!("{m:?}").contains("p-secret"));
+        match m {
+            ServerMessage::Delivery { event, attempt, .. } => {
+                assert_eq!(attempt, 2);
+                assert_eq!(
+                    event.get(),
+                    r#"{"n": 123456789012345678901234567890, "x": 1.50}"#
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(ServerMessage::from_json(r#"{"type":"delivery"}"#).is_err());
+        assert!(matches!(
+            ServerMessage::from_json(
+                r#"{"type":"ack_result","delivery_id":"d","result":"already_acked"}"#
+            ),
+            Ok(ServerMessage::AckResult {
+                result: AckResult::AlreadyAcked,
+                ..
+            })
+        ));
+    }
+}
