@@ -231,9 +231,7 @@ impl ServerMessage {
                     .lease_expires_at
                     .clone()
                     .ok_or_else(|| missing("lease_expires_at"))?,
-                event: f
-                    .event
-                    .ok_or_else(|| missing("event"))?,
+                event: f.event.ok_or_else(|| missing("event"))?,
             }),
             "ack_result" => Ok(ServerMessage::AckResult {
                 delivery_id: f
