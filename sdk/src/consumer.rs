@@ -198,6 +198,39 @@ impl Jitter {
     }
 }
 
+/// Capped exponential backoff with jitter between connection attempts.
+struct Backoff {
+    jitter: Jitter,
+    delay: Duration,
+    initial: Duration,
+    max: Duration,
+}
+
+impl Backoff {
+    fn reset(&mut self) {
+        self.delay = self.initial;
+    }
+
+    /// Reports the disconnection and waits; false if a stop came first.
+    async fn wait(
+        &mut self,
+        reason: String,
+        events: &broadcast::Sender<ConsumerEvent>,
+        stop: &mut watch::Receiver<bool>,
+    ) -> bool {
+        let wait = self.jitter.apply(self.delay);
+        let _ = events.send(ConsumerEvent::Disconnected {
+            reason,
+            retry_in: wait,
+        });
+        self.delay = (self.delay * 2).min(self.max);
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => true,
+            _ = stop.changed() => false,
+        }
+    }
+}
+
 type Handler = Arc<
     dyn Fn(Delivery) -> std::pin::Pin<Box<dyn Future<Output = Result<(), String>> + Send>>
         + Send
@@ -218,8 +251,12 @@ where
     let mut in_flight: JoinSet<(String, LeaseProof, Result<(), String>)> = JoinSet::new();
     // ACKs sent and not yet answered: delivery id → the ORIGINAL proof.
     let mut pending: HashMap<String, (LeaseProof, Instant)> = HashMap::new();
-    let mut jitter = Jitter::new();
-    let mut delay = config.backoff_initial;
+    let mut backoff = Backoff {
+        jitter: Jitter::new(),
+        delay: config.backoff_initial,
+        initial: config.backoff_initial,
+        max: config.backoff_max,
+    };
     let url = config
         .client
         .base()
@@ -247,19 +284,13 @@ where
         let mut ws = match connected {
             Ok((ws, _)) => ws,
             Err(reason) => {
-                let wait = jitter.apply(delay);
-                let _ = events.send(ConsumerEvent::Disconnected {
-                    reason,
-                    retry_in: wait,
-                });
-                delay = (delay * 2).min(config.backoff_max);
-                tokio::select! {
-                    _ = tokio::time::sleep(wait) => continue 'connect,
-                    _ = stop.changed() => break 'connect,
+                if backoff.wait(reason, &events, &mut stop).await {
+                    continue 'connect;
                 }
+                break 'connect;
             }
         };
-        delay = config.backoff_initial;
+        backoff.reset();
         let _ = events.send(ConsumerEvent::Connected);
 
         let mut outgoing = Vec::new();
@@ -346,16 +377,11 @@ where
                 }
             }
         }
-        let reason = broken.unwrap_or_default();
-        let wait = jitter.apply(delay);
-        let _ = events.send(ConsumerEvent::Disconnected {
-            reason,
-            retry_in: wait,
-        });
-        delay = (delay * 2).min(config.backoff_max);
-        tokio::select! {
-            _ = tokio::time::sleep(wait) => {}
-            _ = stop.changed() => break 'connect,
+        if !backoff
+            .wait(broken.unwrap_or_default(), &events, &mut stop)
+            .await
+        {
+            break 'connect;
         }
     }
     let summary = Summary {
