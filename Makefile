@@ -29,8 +29,8 @@ unit: ## Only the tests that need no server
 integration: deps build ## Only the suites that need a real MySQL server
 	$(CARGO) test -p conformance
 
-demo: deps ## The receiver's demo on a throwaway MySQL server
-	$(CARGO) run -q -p conformance --bin store-demo
+demo: deps build ## The whole demo: temporary MySQL, orbit-dev, receiver init and demo
+	$(CARGO) run -q -p conformance --bin demo
 
 bench-proxy: deps ## commit-proxy relay overhead: direct vs TCP forwarder vs proxy, one run
 	$(CARGO) bench -p commit-proxy --bench relay

@@ -14,6 +14,18 @@ use crate::identity::{ConsumerName, IdentityError};
 pub const ORBIT_RECEIVER_DSN: &str = "ORBIT_RECEIVER_DSN";
 /// The receiver's fixed purpose; see [`ConsumerName`].
 pub const RECEIVER_NAME: &str = "RECEIVER_NAME";
+/// The platform, e.g. `http://127.0.0.1:8080` (plain HTTP to loopback only).
+pub const ORBIT_URL: &str = "ORBIT_URL";
+/// The credentials file `orbit-dev bootstrap` wrote.
+pub const ORBIT_CREDENTIALS_FILE: &str = orbit_sdk::credentials::ORBIT_CREDENTIALS_FILE;
+/// Overrides the credentials file's token.
+pub const ORBIT_TOKEN: &str = orbit_sdk::credentials::ORBIT_TOKEN;
+/// Overrides the credentials file's queue.
+pub const ORBIT_QUEUE_ID: &str = orbit_sdk::credentials::ORBIT_QUEUE_ID;
+/// The subscription `consume` reads (32 characters).
+pub const ORBIT_SUBSCRIPTION_ID: &str = "ORBIT_SUBSCRIPTION_ID";
+/// `text` (default) or `json` log lines.
+pub const RECEIVER_LOG_FORMAT: &str = "RECEIVER_LOG_FORMAT";
 
 /// Where configuration values come from.
 pub trait Source {
@@ -84,6 +96,7 @@ pub struct Dsn {
     user: String,
     host: String,
     database: String,
+    query: String,
 }
 
 /// Why a DSN was refused.
@@ -97,6 +110,8 @@ pub enum DsnError {
     NoDatabase,
     #[error("has a malformed database name")]
     BadDatabase,
+    #[error("points at {0}, which is not loopback, without TLS: add ?ssl-mode=VERIFY_IDENTITY (or REQUIRED)")]
+    NoTls(String),
 }
 
 impl Dsn {
@@ -128,11 +143,49 @@ impl Dsn {
         if path.contains('/') || path.chars().any(char::is_control) {
             return Err(DsnError::BadDatabase);
         }
-        Ok(Dsn {
+        let query = after
+            .split_once('?')
+            .map(|(_, q)| q)
+            .unwrap_or("")
+            .to_owned();
+        let dsn = Dsn {
             url: url.to_owned(),
             user,
             host: host.to_owned(),
             database: path.to_owned(),
+            query,
+        };
+        if !dsn.is_loopback() && !dsn.requires_tls() {
+            return Err(DsnError::NoTls(dsn.host_name().to_owned()));
+        }
+        Ok(dsn)
+    }
+
+    /// The host without its port.
+    fn host_name(&self) -> &str {
+        if self.host.starts_with('[') {
+            self.host.split(']').next().map(|h| &h[1..]).unwrap_or("")
+        } else {
+            self.host.split(':').next().unwrap_or("")
+        }
+    }
+
+    fn is_loopback(&self) -> bool {
+        let h = self.host_name();
+        h.eq_ignore_ascii_case("localhost")
+            || h.parse::<std::net::IpAddr>()
+                .is_ok_and(|ip| ip.is_loopback())
+    }
+
+    /// Whether the URL asks for a verified or required TLS connection.
+    fn requires_tls(&self) -> bool {
+        self.query.split('&').any(|kv| {
+            let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+            k.eq_ignore_ascii_case("ssl-mode")
+                && matches!(
+                    v.to_ascii_uppercase().as_str(),
+                    "REQUIRED" | "VERIFY_CA" | "VERIFY_IDENTITY"
+                )
         })
     }
 
@@ -207,6 +260,179 @@ pub fn receiver_name(source: &dyn Source, errors: &mut Vec<ConfigError>) -> Opti
     }
 }
 
+/// The platform side of `demo` and `consume`: where it is, and who we are there.
+#[derive(Debug, Clone)]
+pub struct PlatformConfig {
+    pub url: String,
+    pub credentials: orbit_sdk::Credentials,
+    pub queue: crate::QueueId,
+}
+
+fn orbit(source: &dyn Source, errors: &mut Vec<ConfigError>) -> Option<PlatformConfig> {
+    use orbit_sdk::CredentialsError as E;
+    let url = match source.get(ORBIT_URL) {
+        None => {
+            errors.push(ConfigError {
+                variable: ORBIT_URL,
+                problem: "is not set: give the platform, e.g. http://127.0.0.1:8080".into(),
+            });
+            None
+        }
+        Some(u) => match orbit_sdk::client::BaseUrl::parse(u.trim()) {
+            Ok(_) => Some(u.trim().to_owned()),
+            Err(e) => {
+                let problem = e.to_string();
+                let problem = problem
+                    .strip_prefix("invalid ORBIT_URL: ")
+                    .unwrap_or(&problem);
+                errors.push(ConfigError {
+                    variable: ORBIT_URL,
+                    problem: problem.to_owned(),
+                });
+                None
+            }
+        },
+    };
+    let file = source.get(ORBIT_CREDENTIALS_FILE).filter(|f| !f.is_empty());
+    let credentials = match orbit_sdk::Credentials::resolve(
+        file.as_deref().map(std::path::Path::new),
+        source.get(ORBIT_TOKEN),
+        source.get(ORBIT_QUEUE_ID),
+    ) {
+        Ok(c) => Some(c),
+        Err(e) => {
+            let (variable, problem) = match &e {
+                E::Missing => (
+                    ORBIT_CREDENTIALS_FILE,
+                    "is not set: name the credentials file from bootstrap (or set both ORBIT_TOKEN and ORBIT_QUEUE_ID)".to_owned(),
+                ),
+                E::Empty(name) => (*name, "is set but empty".to_owned()),
+                other => (ORBIT_CREDENTIALS_FILE, other.to_string()),
+            };
+            errors.push(ConfigError { variable, problem });
+            None
+        }
+    };
+    let queue = credentials
+        .as_ref()
+        .and_then(|c| match crate::QueueId::new(c.queue_id.clone()) {
+            Ok(q) => Some(q),
+            Err(e) => {
+                errors.push(ConfigError {
+                    variable: ORBIT_QUEUE_ID,
+                    problem: format!("(or the credentials file's queue_id) {e}"),
+                });
+                None
+            }
+        });
+    Some(PlatformConfig {
+        url: url?,
+        credentials: credentials?,
+        queue: queue?,
+    })
+}
+
+/// Log line format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+fn log_format(source: &dyn Source, errors: &mut Vec<ConfigError>) -> LogFormat {
+    match source.get(RECEIVER_LOG_FORMAT).as_deref() {
+        None | Some("text") => LogFormat::Text,
+        Some("json") => LogFormat::Json,
+        Some(_) => {
+            errors.push(ConfigError {
+                variable: RECEIVER_LOG_FORMAT,
+                problem: "must be text or json".into(),
+            });
+            LogFormat::Text
+        }
+    }
+}
+
+/// What `receiver demo` needs.
+#[derive(Debug, Clone)]
+pub struct DemoConfig {
+    pub platform: PlatformConfig,
+    pub dsn: Dsn,
+    pub name: ConsumerName,
+    pub log: LogFormat,
+}
+
+impl DemoConfig {
+    /// Parses every variable `demo` reads.
+    pub fn from_source(source: &dyn Source) -> Result<Self, ConfigErrors> {
+        let mut errors = Vec::new();
+        let platform = orbit(source, &mut errors);
+        let dsn = receiver_dsn(source, &mut errors);
+        let name = receiver_name(source, &mut errors);
+        let log = log_format(source, &mut errors);
+        match (platform, dsn, name) {
+            (Some(platform), Some(dsn), Some(name)) if errors.is_empty() => Ok(DemoConfig {
+                platform,
+                dsn,
+                name,
+                log,
+            }),
+            _ => Err(ConfigErrors(errors)),
+        }
+    }
+}
+
+/// What `receiver consume` needs.
+#[derive(Debug, Clone)]
+pub struct ConsumeConfig {
+    pub platform: PlatformConfig,
+    pub dsn: Dsn,
+    pub name: ConsumerName,
+    pub subscription: String,
+    pub log: LogFormat,
+}
+
+impl ConsumeConfig {
+    /// Parses every variable `consume` reads.
+    pub fn from_source(source: &dyn Source) -> Result<Self, ConfigErrors> {
+        let mut errors = Vec::new();
+        let platform = orbit(source, &mut errors);
+        let dsn = receiver_dsn(source, &mut errors);
+        let name = receiver_name(source, &mut errors);
+        let subscription = match source.get(ORBIT_SUBSCRIPTION_ID) {
+            None => {
+                errors.push(ConfigError {
+                    variable: ORBIT_SUBSCRIPTION_ID,
+                    problem: "is not set: give the 32-character id of an existing subscription"
+                        .into(),
+                });
+                None
+            }
+            Some(s) if s.len() == 32 && s.bytes().all(|b| b.is_ascii_alphanumeric()) => Some(s),
+            Some(_) => {
+                errors.push(ConfigError {
+                    variable: ORBIT_SUBSCRIPTION_ID,
+                    problem: "must be a 32-character subscription id (letters and digits)".into(),
+                });
+                None
+            }
+        };
+        let log = log_format(source, &mut errors);
+        match (platform, dsn, name, subscription) {
+            (Some(platform), Some(dsn), Some(name), Some(subscription)) if errors.is_empty() => {
+                Ok(ConsumeConfig {
+                    platform,
+                    dsn,
+                    name,
+                    subscription,
+                    log,
+                })
+            }
+            _ => Err(ConfigErrors(errors)),
+        }
+    }
+}
+
 /// What `receiver init` needs.
 #[derive(Debug, Clone)]
 pub struct InitConfig {
@@ -239,6 +465,14 @@ mod tests {
             assert_eq!(Dsn::parse(url), Err(DsnError::NoDatabase), "{url}");
         }
         assert_eq!(Dsn::parse("postgres://x/y"), Err(DsnError::Scheme));
+        assert_eq!(
+            Dsn::parse("mysql://u:p@db.internal:3306/r"),
+            Err(DsnError::NoTls("db.internal".into()))
+        );
+        assert!(Dsn::parse("mysql://u:p@db.internal:3306/r?ssl-mode=VERIFY_IDENTITY").is_ok());
+        assert!(Dsn::parse("mysql://u:p@db.internal:3306/r?ssl-mode=disabled").is_err());
+        assert!(Dsn::parse("mysql://u:p@[::1]:3306/r").is_ok());
+        assert!(Dsn::parse("mysql://u:p@localhost/r").is_ok());
         assert_eq!(Dsn::parse("mysql:///db"), Err(DsnError::NoHost));
         assert_eq!(
             Dsn::parse("mysql://h/a/b"),
@@ -251,12 +485,13 @@ mod tests {
 
     #[test]
     fn dsn_never_shows_its_password() {
-        let dsn = Dsn::parse("mysql://u:s3cret@db.internal:3306/orbit_receiver").unwrap();
+        let dsn = Dsn::parse("mysql://u:s3cret@db.internal:3306/orbit_receiver?ssl-mode=REQUIRED")
+            .unwrap();
         assert_eq!(dsn.to_string(), "mysql://u@db.internal:3306/orbit_receiver");
         assert!(!format!("{dsn:?}").contains("s3cret"));
         // A password holding '@' still splits at the last one.
-        let dsn = Dsn::parse("mysql://u:p@ss@h:1/d").unwrap();
-        assert_eq!(dsn.to_string(), "mysql://u@h:1/d");
+        let dsn = Dsn::parse("mysql://u:p@ss@127.0.0.1:1/d").unwrap();
+        assert_eq!(dsn.to_string(), "mysql://u@127.0.0.1:1/d");
     }
 
     #[test]

@@ -14,6 +14,9 @@
 
 pub mod canonical;
 pub mod config;
+pub mod consume;
+pub mod delivery;
+pub mod demo;
 pub mod event;
 pub mod identity;
 pub mod schema;

@@ -188,10 +188,11 @@ impl EventSpec {
 /// A binary of this workspace built beside this test binary (`target/<profile>/<name>`).
 pub fn workspace_bin(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("test binary path");
-    let dir = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .expect("target/<profile>/deps/<test>");
+    // A test binary lives in target/<profile>/deps/, a harness binary in target/<profile>/.
+    let mut dir = exe.parent().expect("target/<profile>/…");
+    if dir.file_name().is_some_and(|n| n == "deps") {
+        dir = dir.parent().expect("target/<profile>");
+    }
     let bin = dir.join(name);
     assert!(
         bin.is_file(),

@@ -1,0 +1,130 @@
+//! `receiver consume`: apply every delivery of an existing subscription until SIGINT/SIGTERM.
+//!
+//! Before consuming anything it reads the subscription and refuses to start when its queue is
+//! not the configured one (a wrong queue would burn the delivery budget). Concurrency 4. A
+//! signal cancels in-flight handlers (their deliveries are not ACKed and come again after the
+//! lease) and the process ends within 10 s; the shared subscription is never paused.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use orbit_sdk::{Client, ConsumerEvent, EventConsumer};
+
+use crate::config::ConsumeConfig;
+use crate::delivery::apply_raw;
+use crate::store::StoreOptions;
+use crate::Store;
+
+/// Handlers at once.
+pub const CONCURRENCY: usize = 4;
+/// How long stopping may take, of the 10 s a signal allows.
+pub const DRAIN: Duration = Duration::from_secs(8);
+
+/// Why consume stopped with an error.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConsumeError {
+    #[error("cannot connect to the receiver database: {0}")]
+    Store(String),
+    #[error("cannot use the platform: {0}")]
+    Platform(String),
+    #[error("subscription {id} consumes queue {actual}, not the configured queue {configured}: refusing to start")]
+    WrongQueue {
+        id: String,
+        actual: String,
+        configured: String,
+    },
+}
+
+/// Consumes until `stop` completes.
+pub async fn run(
+    config: &ConsumeConfig,
+    stop: impl Future<Output = &'static str>,
+) -> Result<(), ConsumeError> {
+    let queue = config.platform.queue.clone();
+    let client = Client::new(
+        &config.platform.url,
+        config.platform.credentials.token.clone(),
+    )
+    .map_err(|e| ConsumeError::Platform(e.to_string()))?;
+    let subscription = client
+        .get_subscription(&config.subscription)
+        .await
+        .map_err(|e| ConsumeError::Platform(e.to_string()))?;
+    if subscription.queue_id != queue.as_str() {
+        return Err(ConsumeError::WrongQueue {
+            id: subscription.id,
+            actual: subscription.queue_id,
+            configured: queue.to_string(),
+        });
+    }
+    let options = StoreOptions {
+        max_connections: CONCURRENCY as u32 + 1,
+        ..StoreOptions::default()
+    };
+    let store = Arc::new(
+        Store::connect(&config.dsn, config.name.clone(), queue.clone(), options)
+            .await
+            .map_err(|e| ConsumeError::Store(e.to_string()))?,
+    );
+    tracing::info!(subscription = %subscription.id, queue = %queue, consumer = %config.name, "consuming");
+    let consumer = {
+        let (store, queue) = (store.clone(), queue.clone());
+        EventConsumer::new(client, subscription.id.clone())
+            .concurrency(CONCURRENCY)
+            .start(move |d| {
+                let (store, queue) = (store.clone(), queue.clone());
+                async move {
+                    let started = Instant::now();
+                    let (_, h) = apply_raw(&store, &queue, d.event_json().as_bytes()).await;
+                    let ms = started.elapsed().as_millis() as u64;
+                    log_timed(&h, &d.delivery_id, d.attempt, ms);
+                    if h.classification.acks() {
+                        Ok(())
+                    } else {
+                        Err(h.classification.to_string())
+                    }
+                }
+            })
+    };
+    let mut events = consumer.events();
+    let watch = tokio::spawn(async move {
+        while let Ok(e) = events.recv().await {
+            match e {
+                ConsumerEvent::Disconnected { reason, retry_in } => {
+                    tracing::warn!(reason = %reason, retry_in_ms = retry_in.as_millis() as u64, "stream disconnected; reconnecting")
+                }
+                ConsumerEvent::Ack {
+                    delivery_id,
+                    result,
+                    ..
+                } => {
+                    tracing::info!(delivery_id = %delivery_id, result = ?result, "ack answered")
+                }
+                ConsumerEvent::Connected => tracing::info!("stream connected"),
+                ConsumerEvent::HandlerFailed { .. } => {}
+            }
+        }
+    });
+    let signal = stop.await;
+    tracing::info!(signal, "stopping: cancelling in-flight handlers");
+    let summary = consumer.shutdown(DRAIN).await;
+    watch.abort();
+    store.close().await;
+    tracing::info!(
+        cancelled_handlers = summary.cancelled_handlers,
+        unanswered_acks = summary.unanswered_acks,
+        "stopped; the subscription stays enabled"
+    );
+    Ok(())
+}
+
+fn log_timed(h: &crate::delivery::Handled, delivery_id: &str, attempt: u32, duration_ms: u64) {
+    let event_id = h.event_id.as_deref().unwrap_or("-");
+    let c = h.classification.to_string();
+    if h.classification.acks() {
+        tracing::info!(classification = %c, event_id, delivery_id, attempt, duration_ms, "delivery");
+    } else {
+        tracing::warn!(classification = %c, event_id, delivery_id, attempt, duration_ms, detail = h.detail.as_deref().unwrap_or(""), "delivery not acked");
+    }
+}
