@@ -76,9 +76,9 @@ pub async fn run(
                 let (store, queue) = (store.clone(), queue.clone());
                 async move {
                     let started = Instant::now();
-                    let (_, h) = apply_raw(&store, &queue, d.event_json().as_bytes()).await;
+                    let h = apply_raw(&store, &queue, d.event_json().as_bytes()).await;
                     let ms = started.elapsed().as_millis() as u64;
-                    log_timed(&h, &d.delivery_id, d.attempt, ms);
+                    h.log(&d.delivery_id, d.attempt, ms);
                     if h.classification.acks() {
                         Ok(())
                     } else {
@@ -119,12 +119,58 @@ pub async fn run(
     Ok(())
 }
 
-fn log_timed(h: &crate::delivery::Handled, delivery_id: &str, attempt: u32, duration_ms: u64) {
-    let event_id = h.event_id.as_deref().unwrap_or("-");
-    let c = h.classification.to_string();
-    if h.classification.acks() {
-        tracing::info!(classification = %c, event_id, delivery_id, attempt, duration_ms, "delivery");
-    } else {
-        tracing::warn!(classification = %c, event_id, delivery_id, attempt, duration_ms, detail = h.detail.as_deref().unwrap_or(""), "delivery not acked");
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use crate::delivery::{Classification, Handled};
+
+    /// A writer into a shared buffer, for capturing log lines.
+    #[derive(Clone, Default)]
+    struct Buffer(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Buffer {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn one_log_line_per_classification() {
+        let buffer = Buffer::default();
+        let writer = buffer.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_target(false)
+            .with_ansi(false)
+            .without_time()
+            .finish();
+        tracing::subscriber::with_default(subscriber, || {
+            let cases = [
+                (Classification::Applied, None),
+                (Classification::Duplicate, None),
+                (Classification::Stale, None),
+                (Classification::Conflict, Some("conflict: digest_mismatch: the event id is already recorded with other content (stored sha256 ab…, delivered cd…)")),
+                (Classification::Rejected("duplicate_key"), Some("duplicate_key: duplicate member name in the object starting at byte 10")),
+                (Classification::CommitUnconfirmed, Some("commit_unconfirmed: COMMIT was sent but its outcome is unknown; apply the event again to resolve it")),
+                (Classification::StorageError, Some("storage_error: deadlock, retryable (mysql 1213, SQLSTATE 40001)")),
+                (Classification::Timeout, Some("timeout: the apply did not finish within 5s; nothing was committed")),
+                (Classification::Foreign, Some("the event is for task t-2, not this program's task; not ACKed")),
+            ];
+            for (c, detail) in cases {
+                let h = Handled {
+                    classification: c,
+                    event_id: Some("evt-1".into()),
+                    detail: detail.map(str::to_owned),
+                };
+                h.log("d-1", 2, 7);
+            }
+        });
+        let text = String::from_utf8(buffer.0.lock().unwrap().clone()).unwrap();
+        insta::assert_snapshot!(text);
     }
 }

@@ -74,28 +74,47 @@ pub struct Handled {
     pub detail: Option<String>,
 }
 
-/// Validates `raw` for `queue` and applies it once.
-pub async fn apply_raw(store: &Store, queue: &QueueId, raw: &[u8]) -> (Option<TaskEvent>, Handled) {
-    let event = match TaskEvent::parse(raw, queue) {
-        Ok(e) => e,
-        Err(rejection) => {
-            return (
-                None,
-                Handled {
-                    classification: Classification::Rejected(rejection.kind()),
-                    event_id: None,
-                    detail: Some(rejection.to_string()),
-                },
-            )
+impl Handled {
+    /// The delivery's one log line: classification, event id, delivery id, attempt, duration;
+    /// for a delivery not ACKed also the (redacted) reason.
+    pub fn log(&self, delivery_id: &str, attempt: u32, duration_ms: u64) {
+        let event_id = self.event_id.as_deref().unwrap_or("-");
+        let c = self.classification.to_string();
+        if self.classification.acks() {
+            tracing::info!(classification = %c, event_id, delivery_id, attempt, duration_ms, "delivery");
+        } else {
+            let detail = self.detail.as_deref().unwrap_or("");
+            tracing::warn!(classification = %c, event_id, delivery_id, attempt, duration_ms, detail, "delivery not acked");
         }
-    };
-    let result = store.apply(&event).await;
+    }
+}
+
+/// Validates `raw` for `queue`, or says why not.
+pub fn parse(raw: &[u8], queue: &QueueId) -> Result<TaskEvent, Handled> {
+    TaskEvent::parse(raw, queue).map_err(|rejection| Handled {
+        classification: Classification::Rejected(rejection.kind()),
+        event_id: None,
+        detail: Some(rejection.to_string()),
+    })
+}
+
+/// Applies `event` once; the outcome and how to report it.
+pub async fn apply(store: &Store, event: &TaskEvent) -> (Option<Outcome>, Handled) {
+    let result = store.apply(event).await;
     let handled = Handled {
         classification: Classification::of(&result),
         event_id: Some(event.id().to_string()),
-        detail: result.err().map(|e| e.to_string()),
+        detail: result.as_ref().err().map(|e| e.to_string()),
     };
-    (Some(event), handled)
+    (result.ok(), handled)
+}
+
+/// Validates `raw` for `queue` and applies it once.
+pub async fn apply_raw(store: &Store, queue: &QueueId, raw: &[u8]) -> Handled {
+    match parse(raw, queue) {
+        Ok(event) => apply(store, &event).await.1,
+        Err(rejected) => rejected,
+    }
 }
 
 /// The rejection for an event that is not this program's.

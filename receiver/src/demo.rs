@@ -14,7 +14,7 @@ use std::time::Duration;
 use orbit_sdk::{AckResult, Client, ConsumerEvent, DeliveryFilter, EventConsumer};
 
 use crate::config::DemoConfig;
-use crate::delivery::{foreign, Classification};
+use crate::delivery::{apply, foreign, parse};
 use crate::store::StoreOptions;
 use crate::{Outcome, Store, TaskId};
 
@@ -139,28 +139,23 @@ async fn steps(
             let (store, seen, queue, own_task) =
                 (store.clone(), seen.clone(), queue.clone(), own_task.clone());
             async move {
-                let raw = d.event_json().as_bytes().to_vec();
-                let event = match crate::TaskEvent::parse(&raw, &queue) {
+                let started = std::time::Instant::now();
+                let event = match parse(d.event_json().as_bytes(), &queue) {
                     Ok(e) => e,
-                    Err(r) => {
-                        log(
-                            &Classification::Rejected(r.kind()),
-                            None,
+                    Err(h) => {
+                        h.log(
                             &d.delivery_id,
                             d.attempt,
-                            Some(&r.to_string()),
+                            started.elapsed().as_millis() as u64,
                         );
-                        return Err(r.to_string());
+                        return Err(h.classification.to_string());
                     }
                 };
                 if event.task() != &own_task {
-                    let h = foreign(&event);
-                    log(
-                        &h.classification,
-                        h.event_id.as_deref(),
+                    foreign(&event).log(
                         &d.delivery_id,
                         d.attempt,
-                        h.detail.as_deref(),
+                        started.elapsed().as_millis() as u64,
                     );
                     return Err("foreign event".to_owned());
                 }
@@ -168,19 +163,15 @@ async fn steps(
                 // second finds the committed inbox record.
                 let mut outcomes = Vec::new();
                 for _ in 0..2 {
-                    let result = store.apply(&event).await;
-                    let c = Classification::of(&result);
-                    let detail = result.as_ref().err().map(|e| e.to_string());
-                    log(
-                        &c,
-                        Some(event.id().as_str()),
+                    let (outcome, h) = apply(&store, &event).await;
+                    h.log(
                         &d.delivery_id,
                         d.attempt,
-                        detail.as_deref(),
+                        started.elapsed().as_millis() as u64,
                     );
-                    match result {
-                        Ok(o) => outcomes.push(o),
-                        Err(e) => return Err(e.to_string()),
+                    match outcome {
+                        Some(o) => outcomes.push(o),
+                        None => return Err(h.classification.to_string()),
                     }
                 }
                 let mut s = seen.lock().unwrap_or_else(|p| p.into_inner());
@@ -295,20 +286,4 @@ async fn steps(
         pending,
         subscription_enabled: enabled,
     })
-}
-
-/// One log line per handled delivery.
-pub fn log(
-    classification: &Classification,
-    event_id: Option<&str>,
-    delivery_id: &str,
-    attempt: u32,
-    detail: Option<&str>,
-) {
-    let event_id = event_id.unwrap_or("-");
-    if classification.acks() {
-        tracing::info!(classification = %classification, event_id, delivery_id, attempt, "delivery");
-    } else {
-        tracing::warn!(classification = %classification, event_id, delivery_id, attempt, detail = detail.unwrap_or(""), "delivery not acked");
-    }
 }

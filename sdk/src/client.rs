@@ -89,7 +89,7 @@ impl BaseUrl {
             "http" if is_loopback(&host) => false,
             "http" => {
                 return Err(SdkError::Url(format!(
-                    "plain http is allowed to loopback only; use https://{authority}"
+                    "must use https for a host that is not loopback: https://{authority}"
                 )))
             }
             other => return Err(SdkError::Url(format!("unsupported scheme {other}"))),
@@ -393,7 +393,7 @@ mod tests {
         assert_eq!(b.ws("/v1/x"), "ws://127.0.0.1:8080/v1/x");
         assert_eq!(
             BaseUrl::parse("http://orbit.example.com").unwrap_err().to_string(),
-            "invalid ORBIT_URL: plain http is allowed to loopback only; use https://orbit.example.com"
+            "invalid ORBIT_URL: must use https for a host that is not loopback: https://orbit.example.com"
         );
     }
 }

@@ -352,6 +352,27 @@ impl OrbitDev {
         orbit_sdk::Credentials::load(&self.credentials_file).expect("credentials load")
     }
 
+    /// Creates the receiver's tables (as the init account) and grants the runtime account.
+    pub async fn init_receiver(&self) {
+        let dsn = Dsn::parse(&self.db.init_url()).expect("testdb makes valid URLs");
+        receiver::schema::init(&dsn)
+            .await
+            .unwrap_or_else(|e| panic!("receiver init failed: {e}"));
+        self.db.grant_runtime().await.expect("runtime grants apply");
+    }
+
+    /// The environment `receiver demo` / `consume` need against this platform.
+    pub fn receiver_env(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("ORBIT_URL", self.url.clone()),
+            (
+                "ORBIT_CREDENTIALS_FILE",
+                self.credentials_file.display().to_string(),
+            ),
+            ("ORBIT_RECEIVER_DSN", self.db.runtime_url()),
+        ]
+    }
+
     /// An SDK client with the bootstrap's credential.
     pub fn client(&self) -> orbit_sdk::Client {
         orbit_sdk::Client::new(&self.url, self.credentials().token).expect("a loopback URL")

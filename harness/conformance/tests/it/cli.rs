@@ -138,3 +138,189 @@ async fn a_wrong_password_is_named_without_echoing_it() {
     );
     assert!(!err.contains("not-the-password-x9"));
 }
+
+#[test]
+fn help_texts() {
+    let mut all = String::new();
+    for args in [
+        &["help"][..],
+        &["init", "--help"],
+        &["demo", "--help"],
+        &["consume", "--help"],
+    ] {
+        let out = receiver(args, &[]);
+        assert!(out.status.success());
+        all.push_str(&format!(
+            "$ receiver {}\n{}\n",
+            args.join(" "),
+            text(&out.stdout)
+        ));
+    }
+    insta::assert_snapshot!(all);
+}
+
+#[test]
+fn every_configuration_error_is_one_line_naming_the_variable() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = std::env::temp_dir().join(format!("receiver-config-{}", std::process::id()));
+    let good = dir.join("good.json");
+    let open = dir.join("open.json");
+    for path in [&good, &open] {
+        orbit_sdk::Credentials {
+            token: orbit_sdk::Token::new("orb_token_never_shown"),
+            application: "a".into(),
+            namespace: "default".into(),
+            environment: "development".into(),
+            queue_id: "inbox-demo".into(),
+            scopes: vec![],
+        }
+        .write(path)
+        .unwrap();
+    }
+    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let good = good.display().to_string();
+    let open = open.display().to_string();
+    let dsn = "mysql://u:pw_never_shown@127.0.0.1:1/r";
+    let url = "http://127.0.0.1:1";
+    let sub = "0123456789abcdef0123456789abcdef";
+    let long_name = "x".repeat(65);
+    let cases: Vec<(&str, Vec<(&str, &str)>)> = vec![
+        ("init", vec![]),
+        ("init", vec![("ORBIT_RECEIVER_DSN", "postgres://x/y")]),
+        (
+            "init",
+            vec![(
+                "ORBIT_RECEIVER_DSN",
+                "mysql://u:pw_never_shown@db.example.com:3306/r",
+            )],
+        ),
+        ("demo", vec![]),
+        (
+            "demo",
+            vec![
+                ("ORBIT_URL", "http://orbit.example.com"),
+                ("ORBIT_CREDENTIALS_FILE", &good),
+                ("ORBIT_RECEIVER_DSN", dsn),
+            ],
+        ),
+        (
+            "demo",
+            vec![
+                ("ORBIT_URL", url),
+                ("ORBIT_CREDENTIALS_FILE", &open),
+                ("ORBIT_RECEIVER_DSN", dsn),
+            ],
+        ),
+        (
+            "demo",
+            vec![
+                ("ORBIT_URL", url),
+                ("ORBIT_CREDENTIALS_FILE", &good),
+                ("ORBIT_TOKEN", ""),
+                ("ORBIT_RECEIVER_DSN", dsn),
+            ],
+        ),
+        (
+            "demo",
+            vec![
+                ("ORBIT_URL", url),
+                ("ORBIT_CREDENTIALS_FILE", &good),
+                ("ORBIT_QUEUE_ID", "bad\tqueue"),
+                ("ORBIT_RECEIVER_DSN", dsn),
+            ],
+        ),
+        (
+            "demo",
+            vec![
+                ("ORBIT_URL", url),
+                ("ORBIT_CREDENTIALS_FILE", &good),
+                ("ORBIT_RECEIVER_DSN", dsn),
+                ("RECEIVER_NAME", "-starts-with-dash"),
+            ],
+        ),
+        (
+            "demo",
+            vec![
+                ("ORBIT_URL", url),
+                ("ORBIT_CREDENTIALS_FILE", &good),
+                ("ORBIT_RECEIVER_DSN", dsn),
+                ("RECEIVER_NAME", ""),
+            ],
+        ),
+        (
+            "demo",
+            vec![
+                ("ORBIT_URL", url),
+                ("ORBIT_CREDENTIALS_FILE", &good),
+                ("ORBIT_RECEIVER_DSN", dsn),
+                ("RECEIVER_LOG_FORMAT", "xml"),
+            ],
+        ),
+        (
+            "consume",
+            vec![
+                ("ORBIT_URL", url),
+                ("ORBIT_CREDENTIALS_FILE", &good),
+                ("ORBIT_RECEIVER_DSN", dsn),
+            ],
+        ),
+        (
+            "consume",
+            vec![
+                ("ORBIT_URL", url),
+                ("ORBIT_CREDENTIALS_FILE", &good),
+                ("ORBIT_RECEIVER_DSN", dsn),
+                ("ORBIT_SUBSCRIPTION_ID", "short"),
+            ],
+        ),
+        (
+            "consume",
+            vec![
+                ("ORBIT_URL", url),
+                ("ORBIT_TOKEN", "t"),
+                ("ORBIT_QUEUE_ID", "q"),
+                ("ORBIT_RECEIVER_DSN", dsn),
+                ("ORBIT_SUBSCRIPTION_ID", sub),
+                ("RECEIVER_NAME", &long_name),
+            ],
+        ),
+    ];
+    let mut all = String::new();
+    for (cmd, env) in cases {
+        let out = receiver(&[cmd], &env);
+        assert_eq!(out.status.code(), Some(2), "{cmd} {env:?}");
+        let err = text(&out.stderr);
+        assert!(
+            !err.contains("pw_never_shown") && !err.contains("orb_token_never_shown"),
+            "{err}"
+        );
+        for line in err.lines() {
+            assert!(line.starts_with(&format!("receiver {cmd}: ")), "{line}");
+        }
+        let shown: Vec<String> = env
+            .iter()
+            .map(|(k, v)| {
+                let v = if v.contains(dir.to_str().unwrap()) {
+                    "[file]".to_owned()
+                } else {
+                    v.replace("pw_never_shown", "***")
+                };
+                format!("{k}={v}")
+            })
+            .collect();
+        all.push_str(&format!(
+            "$ {} receiver {cmd}\n{}\n",
+            shown.join(" "),
+            err.replace(dir.to_str().unwrap(), "[dir]")
+        ));
+    }
+    insta::assert_snapshot!(all);
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[tokio::test]
+async fn the_init_line() {
+    let db = ReceiverDb::provisioned().await;
+    let out = receiver(&["init"], &[("ORBIT_RECEIVER_DSN", &db.init_url())]);
+    insta::assert_snapshot!(text(&out.stdout));
+}

@@ -4,6 +4,7 @@
 mod cli;
 mod commit_lost;
 mod commit_proxy;
+mod demo;
 mod platform;
 mod schema;
 mod storage;

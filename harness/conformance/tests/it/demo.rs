@@ -1,0 +1,425 @@
+//! `receiver demo` and `receiver consume` as real processes against a real `orbit-dev` and a
+//! real MySQL server (R-CLI).
+
+use std::io::Read;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use conformance::{receiver_bin, OrbitDev, QUEUE};
+use orbit_sdk::DeliveryFilter;
+use sqlx::{Connection, Executor, MySqlConnection, Row};
+
+fn receiver(args: &[&str], env: &[(&str, String)]) -> Command {
+    let mut cmd = Command::new(receiver_bin());
+    cmd.args(args).env_clear().stdin(Stdio::null());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd
+}
+
+fn run(cmd: &mut Command) -> Output {
+    cmd.output().expect("receiver runs")
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// The demo's two lines with the task id replaced.
+fn redacted(stdout: &str) -> (String, String) {
+    let task = stdout
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("task="))
+        .expect("a task= field")
+        .to_owned();
+    (stdout.replace(&task, "[task]"), task)
+}
+
+async fn platform_admin(orbit: &OrbitDev) -> MySqlConnection {
+    let server = testdb::Server::shared().unwrap();
+    MySqlConnection::connect(&format!("{}/{}", server.admin_url(), orbit.db.platform_db))
+        .await
+        .unwrap()
+}
+
+/// Every secret the platform knows for its proofs: hashes of current and acked proofs.
+async fn proof_hashes(orbit: &OrbitDev) -> Vec<Vec<u8>> {
+    let mut admin = platform_admin(orbit).await;
+    let rows = sqlx::query("SELECT proof_sha256 FROM orbit_deliveries WHERE proof_sha256 IS NOT NULL UNION ALL SELECT acked_proof_sha256 FROM orbit_deliveries WHERE acked_proof_sha256 IS NOT NULL")
+        .fetch_all(&mut admin)
+        .await
+        .unwrap();
+    rows.iter()
+        .map(|r| r.try_get::<Vec<u8>, _>(0).unwrap())
+        .collect()
+}
+
+/// Fails if `output` shows a token, a password, a proof or `secrets`.
+async fn assert_no_secrets(orbit: &OrbitDev, output: &str, secrets: &[&str]) {
+    let token = orbit.credentials().token.expose().to_owned();
+    assert!(!output.contains(&token), "the token was printed");
+    for p in [&orbit.db.runtime.password, &orbit.db.init.password] {
+        assert!(!output.contains(p.as_str()), "a DSN password was printed");
+    }
+    for s in secrets {
+        assert!(!output.contains(s), "{s} was printed");
+    }
+    // Any 64-hex word whose SHA-256 is a stored proof hash would be a printed proof.
+    let hashes = proof_hashes(orbit).await;
+    for word in output.split(|c: char| !c.is_ascii_hexdigit()) {
+        if word.len() == 64 {
+            let h = receiver::Digest::of(word.as_bytes()).0.to_vec();
+            assert!(!hashes.contains(&h), "a lease proof was printed");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_demo_runs_twice_on_the_same_databases_with_new_identities() {
+    let orbit = OrbitDev::start(&[]).await;
+    orbit.init_receiver().await;
+    let env = orbit.receiver_env();
+    let started = Instant::now();
+    let first = run(&mut receiver(&["demo"], &env));
+    assert!(first.status.success(), "{}", text(&first.stderr));
+    assert!(started.elapsed() < Duration::from_secs(20));
+    let second = run(&mut receiver(&["demo"], &env));
+    assert!(second.status.success(), "{}", text(&second.stderr));
+    let (a, task_a) = redacted(&text(&first.stdout));
+    let (b, task_b) = redacted(&text(&second.stdout));
+    assert_ne!(task_a, task_b, "each run makes a new task");
+    assert_eq!(a, b);
+    insta::assert_snapshot!("demo_lines", a);
+    let all = format!(
+        "{}{}{}{}",
+        text(&first.stdout),
+        text(&first.stderr),
+        text(&second.stdout),
+        text(&second.stderr)
+    );
+    assert_no_secrets(&orbit, &all, &[]).await;
+
+    // Two subscriptions now, both paused; each task's delivery ACKed once.
+    let mut admin = platform_admin(&orbit).await;
+    let subs: Vec<(String, bool)> =
+        sqlx::query("SELECT id, enabled FROM orbit_subscriptions ORDER BY created_at")
+            .fetch_all(&mut admin)
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| (r.try_get_unchecked(0).unwrap(), r.try_get(1).unwrap()))
+            .collect();
+    assert_eq!(subs.len(), 2);
+    assert!(subs.iter().all(|(_, enabled)| !enabled));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_programs_event_is_refused_and_the_demo_still_succeeds() {
+    let orbit = OrbitDev::start(&[]).await;
+    orbit.init_receiver().await;
+    let client = orbit.client();
+    let demo = receiver(&["demo"], &orbit.receiver_env())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Another program keeps cancelling its own tasks on the same queue meanwhile.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let other = {
+        let (client, stop) = (client.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut ids = Vec::new();
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                let t = client.submit_task(QUEUE, None).await.unwrap();
+                client.cancel_task(&t.id).await.unwrap();
+                ids.push(t.id);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            ids
+        })
+    };
+    let out = tokio::task::spawn_blocking(move || demo.wait_with_output().unwrap())
+        .await
+        .unwrap();
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let foreign_tasks = other.await.unwrap();
+    let stderr = text(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let (_, task) = redacted(&text(&out.stdout));
+
+    let mut admin = platform_admin(&orbit).await;
+    let sub: String = sqlx::query("SELECT id FROM orbit_subscriptions")
+        .fetch_one(&mut admin)
+        .await
+        .unwrap()
+        .try_get_unchecked(0)
+        .unwrap();
+    let deliveries = client
+        .list_deliveries(&sub, &DeliveryFilter::default())
+        .await
+        .unwrap();
+    let foreign: Vec<_> = deliveries.iter().filter(|d| d.task_id != task).collect();
+    assert!(
+        !foreign.is_empty(),
+        "another program's events reached the demo's subscription"
+    );
+    assert!(foreign.iter().all(|d| foreign_tasks.contains(&d.task_id)));
+    assert!(foreign.iter().all(|d| d.state != "ACKED"), "{foreign:?}");
+    assert!(stderr.contains("classification=foreign"), "{stderr}");
+}
+
+#[test]
+fn the_demo_with_the_platform_down_fails_clearly_within_twenty_seconds() {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = closed.local_addr().unwrap().port();
+    drop(closed);
+    let dir = std::env::temp_dir().join(format!("demo-down-{}", std::process::id()));
+    let creds = dir.join("c.json");
+    orbit_sdk::Credentials {
+        token: orbit_sdk::Token::new("orb_recognisable_token_1234"),
+        application: "a".into(),
+        namespace: "default".into(),
+        environment: "development".into(),
+        queue_id: QUEUE.into(),
+        scopes: vec![],
+    }
+    .write(&creds)
+    .unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let rdb = rt.block_on(conformance::ReceiverDb::new());
+    let started = Instant::now();
+    let out = run(&mut receiver(
+        &["demo"],
+        &[
+            ("ORBIT_URL", format!("http://127.0.0.1:{port}")),
+            ("ORBIT_CREDENTIALS_FILE", creds.display().to_string()),
+            ("ORBIT_RECEIVER_DSN", rdb.db.runtime_url()),
+        ],
+    ));
+    assert!(started.elapsed() < Duration::from_secs(20));
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = text(&out.stderr);
+    let last = stderr.lines().last().unwrap_or("");
+    assert!(
+        last.starts_with(
+            "receiver demo: failed at `create the subscription`: cannot reach the platform"
+        ),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("orb_recognisable_token_1234"));
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consume_refuses_a_subscription_of_another_queue() {
+    let orbit = OrbitDev::start(&[]).await;
+    orbit.init_receiver().await;
+    let other_file = orbit.credentials_file.with_file_name("other.json");
+    let out = Command::new(conformance::workspace_bin("orbit-dev"))
+        .args([
+            "bootstrap",
+            "--application",
+            "a",
+            "--namespace",
+            "default",
+            "--environment",
+            "development",
+            "--queue",
+            "other-queue",
+            "--event-access",
+            "--output",
+        ])
+        .arg(&other_file)
+        .env("ORBIT_MYSQL_DSN", orbit.db.platform_url())
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let other = orbit_sdk::Client::new(
+        &orbit.url,
+        orbit_sdk::Credentials::load(&other_file).unwrap().token,
+    )
+    .unwrap();
+    let sub = other
+        .create_subscription("other-queue", &["task.cancelled"])
+        .await
+        .unwrap();
+    let mut env = orbit.receiver_env();
+    env[1].1 = other_file.display().to_string();
+    env.push(("ORBIT_QUEUE_ID", QUEUE.into()));
+    env.push(("ORBIT_SUBSCRIPTION_ID", sub.id.clone()));
+    let out = run(&mut receiver(&["consume"], &env));
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains(&format!("receiver consume: subscription {} consumes queue other-queue, not the configured queue {QUEUE}: refusing to start", sub.id)),
+        "{stderr}"
+    );
+}
+
+fn sigterm(child: &Child) {
+    assert!(Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap()
+        .success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consume_stops_within_ten_seconds_while_a_handler_waits_on_a_row_lock() {
+    let orbit = OrbitDev::start(&["--lease-seconds", "2"]).await;
+    orbit.init_receiver().await;
+    let client = orbit.client();
+    let sub = client
+        .create_subscription(QUEUE, &["task.cancelled", "task.succeeded"])
+        .await
+        .unwrap();
+    let mut env = orbit.receiver_env();
+    env.push(("ORBIT_SUBSCRIPTION_ID", sub.id.clone()));
+
+    // A result body with a recognisable string: it must never be printed.
+    let secret_task = client.submit_task(QUEUE, None).await.unwrap();
+    let body =
+        serde_json::value::RawValue::from_string(r#"{"note":"RESULT-BODY-SECRET-42"}"#.into())
+            .unwrap();
+    client
+        .report_task(&secret_task.id, "SUCCEEDED", Some(&body))
+        .await
+        .unwrap();
+
+    // Another connection holds the task's view row, uncommitted: the apply must wait.
+    let task = client.submit_task(QUEUE, None).await.unwrap();
+    let mut blocker = MySqlConnection::connect(&orbit.db.admin_receiver_url())
+        .await
+        .unwrap();
+    blocker.execute("BEGIN").await.unwrap();
+    sqlx::query(receiver::store::CREATE_VIEW)
+        .bind("task-result-view")
+        .bind(QUEUE)
+        .bind(task.id.as_str())
+        .execute(&mut blocker)
+        .await
+        .unwrap();
+    client.cancel_task(&task.id).await.unwrap();
+
+    let mut consume = receiver(&["consume"], &env)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Wait until the handler sits in the view lock.
+    let db = orbit.db.receiver_db.clone();
+    let mut admin = MySqlConnection::connect(&orbit.db.admin_receiver_url())
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let waiting: i64 = sqlx::query("SELECT COUNT(*) FROM information_schema.processlist WHERE db = ? AND info LIKE 'SELECT task_version%FOR UPDATE'")
+            .bind(&db)
+            .fetch_one(&mut admin)
+            .await
+            .unwrap()
+            .try_get(0)
+            .unwrap();
+        if waiting > 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the handler never reached the row lock"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    sigterm(&consume);
+    let stopped = Instant::now();
+    let status = loop {
+        if let Some(s) = consume.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            stopped.elapsed() < Duration::from_secs(10),
+            "consume did not exit within 10 s"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(status.success(), "{status}");
+    let mut output = String::new();
+    consume
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut output)
+        .unwrap();
+    consume
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut output)
+        .unwrap();
+    assert!(
+        client.get_subscription(&sub.id).await.unwrap().enabled,
+        "never paused"
+    );
+    blocker.execute("ROLLBACK").await.unwrap();
+
+    // A new consumer gets the delivery again after its lease and applies it once.
+    let again = receiver(&["consume"], &env)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let cancelled = loop {
+        let d = client
+            .list_deliveries(
+                &sub.id,
+                &DeliveryFilter {
+                    task_id: Some(task.id.clone()),
+                    ..Default::default()
+                },
+            )
+            .await
+            .unwrap();
+        let c: Vec<_> = d
+            .into_iter()
+            .filter(|d| d.event_type == "task.cancelled")
+            .collect();
+        if c.iter().all(|d| d.state == "ACKED") && !c.is_empty() {
+            break c;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the delivery was not applied again: {c:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(cancelled[0].attempts >= 2);
+    sigterm(&again);
+    let out = tokio::task::spawn_blocking(move || again.wait_with_output().unwrap())
+        .await
+        .unwrap();
+    output.push_str(&text(&out.stdout));
+    output.push_str(&text(&out.stderr));
+    assert!(out.status.success());
+    assert!(output.contains("classification=applied"), "{output}");
+
+    let view = orbit_view(&orbit, &task.id).await;
+    assert_eq!(view, ("CANCELLED".to_owned(), 1));
+    assert_no_secrets(&orbit, &output, &["RESULT-BODY-SECRET-42"]).await;
+}
+
+async fn orbit_view(orbit: &OrbitDev, task: &str) -> (String, u64) {
+    let mut admin = MySqlConnection::connect(&orbit.db.admin_receiver_url())
+        .await
+        .unwrap();
+    let row =
+        sqlx::query("SELECT last_state, applied_events FROM receiver_task_views WHERE task_id = ?")
+            .bind(task)
+            .fetch_one(&mut admin)
+            .await
+            .unwrap();
+    (
+        String::from_utf8(row.try_get(0).unwrap()).unwrap(),
+        row.try_get(1).unwrap(),
+    )
+}
