@@ -84,8 +84,16 @@ async fn the_demo_runs_twice_on_the_same_databases_with_new_identities() {
     let first = run(&mut receiver(&["demo"], &env));
     assert!(first.status.success(), "{}", text(&first.stderr));
     assert!(started.elapsed() < Duration::from_secs(20));
-    let second = run(&mut receiver(&["demo"], &env));
+    // The second run logs JSON: every stderr line is a JSON object.
+    let mut json_env = env.clone();
+    json_env.push(("RECEIVER_LOG_FORMAT", "json".into()));
+    let second = run(&mut receiver(&["demo"], &json_env));
     assert!(second.status.success(), "{}", text(&second.stderr));
+    for line in text(&second.stderr).lines() {
+        let v: serde_json::Value =
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"));
+        assert!(v["level"].is_string(), "{line}");
+    }
     let (a, task_a) = redacted(&text(&first.stdout));
     let (b, task_b) = redacted(&text(&second.stdout));
     assert_ne!(task_a, task_b, "each run makes a new task");
