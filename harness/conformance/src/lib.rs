@@ -252,6 +252,44 @@ pub fn http_raw(
     (status, body.to_owned())
 }
 
+/// Runs `orbit-dev bootstrap` for `queue` in namespace `default` against the platform database
+/// `platform_dsn`, writing the credentials to `output`; returns what it printed on stdout.
+pub fn bootstrap(
+    platform_dsn: &str,
+    queue: &str,
+    event_access: bool,
+    output: &std::path::Path,
+) -> Result<String, String> {
+    let mut cmd = std::process::Command::new(workspace_bin("orbit-dev"));
+    cmd.args([
+        "bootstrap",
+        "--application",
+        "inbox-example",
+        "--namespace",
+        "default",
+        "--environment",
+        "development",
+        "--queue",
+        queue,
+    ]);
+    if event_access {
+        cmd.arg("--event-access");
+    }
+    let out = cmd
+        .arg("--output")
+        .arg(output)
+        .env("ORBIT_MYSQL_DSN", platform_dsn)
+        .output()
+        .map_err(|e| format!("orbit-dev bootstrap: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "orbit-dev bootstrap failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
 /// A running `orbit-dev` process on its own fresh platform database, bootstrapped with an
 /// event-access credential for queue [`QUEUE`]. Killed on drop.
 #[derive(Debug)]
@@ -274,29 +312,8 @@ impl OrbitDev {
         let db = ReceiverDb::provisioned().await;
         let dir = std::env::temp_dir().join(format!("orbit-dev-{}", db.platform_db));
         let credentials_file = dir.join("inbox.credentials.json");
-        let out = std::process::Command::new(workspace_bin("orbit-dev"))
-            .args([
-                "bootstrap",
-                "--application",
-                "inbox-example",
-                "--namespace",
-                "default",
-                "--environment",
-                "development",
-                "--queue",
-                QUEUE,
-                "--event-access",
-                "--output",
-            ])
-            .arg(&credentials_file)
-            .env("ORBIT_MYSQL_DSN", db.platform_url())
-            .output()
-            .expect("orbit-dev runs");
-        assert!(
-            out.status.success(),
-            "bootstrap failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        bootstrap(&db.platform_url(), QUEUE, true, &credentials_file)
+            .unwrap_or_else(|e| panic!("{e}"));
         let mut me = OrbitDev {
             child: None,
             url: String::new(),
@@ -371,6 +388,16 @@ impl OrbitDev {
             ),
             ("ORBIT_RECEIVER_DSN", self.db.runtime_url()),
         ]
+    }
+
+    /// Bootstraps a further credential in namespace `default` for `queue`; its file.
+    pub fn bootstrap_other(&self, queue: &str, event_access: bool) -> PathBuf {
+        let file = self
+            .credentials_file
+            .with_file_name(format!("{queue}-{event_access}.json"));
+        bootstrap(&self.db.platform_url(), queue, event_access, &file)
+            .unwrap_or_else(|e| panic!("{e}"));
+        file
     }
 
     /// An SDK client with the bootstrap's credential.

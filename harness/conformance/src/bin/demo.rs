@@ -59,29 +59,8 @@ fn run(local: &Path) -> Result<(), String> {
         .map_err(|e| format!("databases and accounts: {e}"))?;
 
     let credentials = local.join("inbox.credentials.json");
-    let out = Command::new(workspace_bin("orbit-dev"))
-        .args([
-            "bootstrap",
-            "--application",
-            "inbox-example",
-            "--namespace",
-            "default",
-            "--environment",
-            "development",
-            "--queue",
-            "inbox-demo",
-            "--event-access",
-            "--output",
-        ])
-        .arg(&credentials)
-        .env("ORBIT_MYSQL_DSN", db.platform_url())
-        .stderr(log_file(local, "orbit-dev-bootstrap.log")?)
-        .output()
-        .map_err(|e| format!("orbit-dev bootstrap: {e}"))?;
-    if !out.status.success() {
-        return Err("orbit-dev bootstrap failed".into());
-    }
-    eprint!("make demo: {}", String::from_utf8_lossy(&out.stdout));
+    let printed = conformance::bootstrap(&db.platform_url(), "inbox-demo", true, &credentials)?;
+    eprint!("make demo: {printed}");
 
     let mut serve = Command::new(workspace_bin("orbit-dev"))
         .args(["serve", "--listen", "127.0.0.1:0"])

@@ -127,54 +127,78 @@ async fn another_programs_event_is_refused_and_the_demo_still_succeeds() {
     let orbit = OrbitDev::start(&[]).await;
     orbit.init_receiver().await;
     let client = orbit.client();
-    let demo = receiver(&["demo"], &orbit.receiver_env())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    // Another program keeps cancelling its own tasks on the same queue meanwhile.
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let other = {
-        let (client, stop) = (client.clone(), stop.clone());
-        tokio::spawn(async move {
-            let mut ids = Vec::new();
-            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
-                let t = client.submit_task(QUEUE, None).await.unwrap();
-                client.cancel_task(&t.id).await.unwrap();
-                ids.push(t.id);
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            ids
-        })
-    };
-    let out = tokio::task::spawn_blocking(move || demo.wait_with_output().unwrap())
-        .await
-        .unwrap();
-    stop.store(true, std::sync::atomic::Ordering::SeqCst);
-    let foreign_tasks = other.await.unwrap();
-    let stderr = text(&out.stderr);
-    assert!(out.status.success(), "{stderr}");
-    let (_, task) = redacted(&text(&out.stdout));
-
     let mut admin = platform_admin(&orbit).await;
-    let sub: String = sqlx::query("SELECT id FROM orbit_subscriptions")
-        .fetch_one(&mut admin)
-        .await
-        .unwrap()
-        .try_get_unchecked(0)
-        .unwrap();
-    let deliveries = client
-        .list_deliveries(&sub, &DeliveryFilter::default())
-        .await
-        .unwrap();
-    let foreign: Vec<_> = deliveries.iter().filter(|d| d.task_id != task).collect();
+    // Whether another program's event reaches the demo's brand-new subscription before the
+    // demo is done is a race the test cannot control from outside; try a few runs, and check
+    // every foreign delivery the demo did receive.
+    let mut refused_seen = false;
+    for run_no in 0..5 {
+        // Another program's tasks, waiting on the same queue to be cancelled.
+        let mut foreign_tasks = Vec::new();
+        for _ in 0..3 {
+            foreign_tasks.push(client.submit_task(QUEUE, None).await.unwrap().id);
+        }
+        let subs_before: i64 = sqlx::query("SELECT COUNT(*) FROM orbit_subscriptions")
+            .fetch_one(&mut admin)
+            .await
+            .unwrap()
+            .try_get(0)
+            .unwrap();
+        let demo = receiver(&["demo"], &orbit.receiver_env())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // As soon as the demo's subscription exists, the other program cancels its tasks.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let n: i64 = sqlx::query("SELECT COUNT(*) FROM orbit_subscriptions")
+                .fetch_one(&mut admin)
+                .await
+                .unwrap()
+                .try_get(0)
+                .unwrap();
+            if n > subs_before || Instant::now() > deadline {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        for t in &foreign_tasks {
+            client.cancel_task(t).await.unwrap();
+        }
+        let out = tokio::task::spawn_blocking(move || demo.wait_with_output().unwrap())
+            .await
+            .unwrap();
+        let stderr = text(&out.stderr);
+        assert!(out.status.success(), "run {run_no}: {stderr}");
+        let (_, task) = redacted(&text(&out.stdout));
+        let sub: String =
+            sqlx::query("SELECT id FROM orbit_subscriptions ORDER BY created_at DESC LIMIT 1")
+                .fetch_one(&mut admin)
+                .await
+                .unwrap()
+                .try_get_unchecked(0)
+                .unwrap();
+        let deliveries = client
+            .list_deliveries(&sub, &DeliveryFilter::default())
+            .await
+            .unwrap();
+        let foreign: Vec<_> = deliveries.iter().filter(|d| d.task_id != task).collect();
+        assert!(foreign.iter().all(|d| foreign_tasks.contains(&d.task_id)));
+        assert!(
+            foreign.iter().all(|d| d.state != "ACKED"),
+            "a foreign event was ACKed: {foreign:?}"
+        );
+        if foreign.iter().any(|d| d.attempts > 0) {
+            assert!(stderr.contains("classification=foreign"), "{stderr}");
+            refused_seen = true;
+            break;
+        }
+    }
     assert!(
-        !foreign.is_empty(),
-        "another program's events reached the demo's subscription"
+        refused_seen,
+        "in five runs no foreign event reached the demo before it finished"
     );
-    assert!(foreign.iter().all(|d| foreign_tasks.contains(&d.task_id)));
-    assert!(foreign.iter().all(|d| d.state != "ACKED"), "{foreign:?}");
-    assert!(stderr.contains("classification=foreign"), "{stderr}");
 }
 
 #[test]
@@ -223,26 +247,7 @@ fn the_demo_with_the_platform_down_fails_clearly_within_twenty_seconds() {
 async fn consume_refuses_a_subscription_of_another_queue() {
     let orbit = OrbitDev::start(&[]).await;
     orbit.init_receiver().await;
-    let other_file = orbit.credentials_file.with_file_name("other.json");
-    let out = Command::new(conformance::workspace_bin("orbit-dev"))
-        .args([
-            "bootstrap",
-            "--application",
-            "a",
-            "--namespace",
-            "default",
-            "--environment",
-            "development",
-            "--queue",
-            "other-queue",
-            "--event-access",
-            "--output",
-        ])
-        .arg(&other_file)
-        .env("ORBIT_MYSQL_DSN", orbit.db.platform_url())
-        .output()
-        .unwrap();
-    assert!(out.status.success());
+    let other_file = orbit.bootstrap_other("other-queue", true);
     let other = orbit_sdk::Client::new(
         &orbit.url,
         orbit_sdk::Credentials::load(&other_file).unwrap().token,
