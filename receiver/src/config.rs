@@ -433,6 +433,85 @@ impl ConsumeConfig {
     }
 }
 
+/// What `receiver inspect` needs: the database, the consumer and queue, and optionally the
+/// platform (with `ORBIT_URL` set, also credentials and `ORBIT_SUBSCRIPTION_ID`).
+#[derive(Debug, Clone)]
+pub struct InspectConfig {
+    pub dsn: Dsn,
+    pub name: ConsumerName,
+    pub queue: crate::QueueId,
+    pub platform: Option<(PlatformConfig, String)>,
+}
+
+impl InspectConfig {
+    /// Parses every variable `inspect` reads.
+    pub fn from_source(source: &dyn Source) -> Result<Self, ConfigErrors> {
+        let mut errors = Vec::new();
+        let dsn = receiver_dsn(source, &mut errors);
+        let name = receiver_name(source, &mut errors);
+        let (queue, platform) = if source.get(ORBIT_URL).is_some() {
+            let platform = orbit(source, &mut errors);
+            let subscription = match source.get(ORBIT_SUBSCRIPTION_ID) {
+                Some(s) if s.len() == 32 && s.bytes().all(|b| b.is_ascii_alphanumeric()) => Some(s),
+                _ => {
+                    errors.push(ConfigError {
+                        variable: ORBIT_SUBSCRIPTION_ID,
+                        problem:
+                            "must name the subscription's 32-character id when ORBIT_URL is set"
+                                .into(),
+                    });
+                    None
+                }
+            };
+            let queue = platform.as_ref().map(|p| p.queue.clone());
+            (queue, platform.zip(subscription))
+        } else {
+            let file = source.get(ORBIT_CREDENTIALS_FILE).filter(|f| !f.is_empty());
+            let queue_text = match (source.get(ORBIT_QUEUE_ID), file) {
+                (Some(q), _) => Some(q),
+                (None, Some(f)) => match orbit_sdk::Credentials::load(std::path::Path::new(&f)) {
+                    Ok(c) => Some(c.queue_id),
+                    Err(e) => {
+                        errors.push(ConfigError {
+                            variable: ORBIT_CREDENTIALS_FILE,
+                            problem: e.to_string(),
+                        });
+                        None
+                    }
+                },
+                (None, None) => {
+                    errors.push(ConfigError {
+                        variable: ORBIT_QUEUE_ID,
+                        problem: "is not set (nor ORBIT_CREDENTIALS_FILE): inspect needs the queue"
+                            .into(),
+                    });
+                    None
+                }
+            };
+            let queue = queue_text.and_then(|q| match crate::QueueId::new(q) {
+                Ok(q) => Some(q),
+                Err(e) => {
+                    errors.push(ConfigError {
+                        variable: ORBIT_QUEUE_ID,
+                        problem: e.to_string(),
+                    });
+                    None
+                }
+            });
+            (queue, None)
+        };
+        match (dsn, name, queue) {
+            (Some(dsn), Some(name), Some(queue)) if errors.is_empty() => Ok(InspectConfig {
+                dsn,
+                name,
+                queue,
+                platform,
+            }),
+            _ => Err(ConfigErrors(errors)),
+        }
+    }
+}
+
 /// What `receiver init` needs.
 #[derive(Debug, Clone)]
 pub struct InitConfig {

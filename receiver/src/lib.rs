@@ -19,6 +19,7 @@ pub mod delivery;
 pub mod demo;
 pub mod event;
 pub mod identity;
+pub mod inspect;
 pub mod schema;
 pub mod store;
 mod timestamp;

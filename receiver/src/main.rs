@@ -12,9 +12,46 @@ use receiver::config::{
 const USAGE: &str = "usage: receiver <command>   (receiver <command> --help for details)
 
 commands:
-  init     create the receiver's two tables, once
-  demo     one task's cancellation end to end on a new subscription
-  consume  apply an existing subscription's deliveries until SIGINT/SIGTERM";
+  init       create the receiver's two tables, once
+  demo       one task's cancellation end to end on a new subscription
+  consume    apply an existing subscription's deliveries until SIGINT/SIGTERM
+  digest     print an event's canonical bytes and SHA-256 (read-only)
+  inspect    show what the receiver (and the platform) recorded for an event or a task (read-only)
+  retention  inbox size and age per consumer and queue (read-only)";
+
+const DIGEST_HELP: &str = "usage: receiver digest [--queue QUEUE] [FILE]
+
+Reads one event from FILE (or stdin) and prints
+  canonical=<the canonical bytes the inbox would store>
+  sha256=<their SHA-256, as in receiver_inbox.event_digest>
+or `rejected=<kind>` with exit code 2 for an event the receiver would refuse. Without --queue it
+checks the canonical form only; with it, the whole event as `consume` would (queue included).
+Compare its sha256 with an inbox row's to tell a duplicate from a conflict. Writes nothing.";
+
+const INSPECT_HELP: &str = "usage: receiver inspect (--event-id ID | --task-id ID) [--show-event] [--compare FILE] [--json]
+
+Shows the inbox row(s) and the task view the receiver holds for an event or a task under
+RECEIVER_NAME and the queue, and, when ORBIT_URL is set, the platform's deliveries of that
+subscription (state, attempts, budget, lease; never proofs); ends with a one-line verdict:
+applied, stale (view at vN), not_received, expired (attempts a of b; add budget after fixing the
+cause), or conflict (digest differs from the committed record, with --compare FILE holding the
+event as delivered). The frozen event is shown only with --show-event: it may hold result data.
+Writes nothing; the runtime account's SELECT is enough.
+
+environment:
+  ORBIT_RECEIVER_DSN, RECEIVER_NAME   the receiver database and purpose
+  ORBIT_QUEUE_ID or ORBIT_CREDENTIALS_FILE   the queue
+  ORBIT_URL, ORBIT_CREDENTIALS_FILE, ORBIT_SUBSCRIPTION_ID   optional: the platform side";
+
+const RETENTION_HELP: &str = "usage: receiver retention
+
+Prints, per consumer name and queue, how many inbox rows there are, the oldest and newest
+receipt (UTC), their approximate size and the number of task views. It deletes nothing, and the
+runtime account cannot: deleting dedup records inside the platform's redelivery window (leases,
+budgets, manual retries, backup restores) lets a redelivery apply its effect a second time.
+
+environment:
+  ORBIT_RECEIVER_DSN  the receiver database";
 
 const INIT_HELP: &str = "usage: receiver init
 
@@ -66,6 +103,12 @@ fn main() -> ExitCode {
         ["demo"] => demo(),
         ["consume"] => consume(),
         ["init", "--help" | "-h"] => help(INIT_HELP),
+        ["digest", "--help" | "-h", ..] => help(DIGEST_HELP),
+        ["inspect", "--help" | "-h", ..] => help(INSPECT_HELP),
+        ["retention", "--help" | "-h"] => help(RETENTION_HELP),
+        ["digest", rest @ ..] => digest(rest),
+        ["inspect", rest @ ..] => inspect(rest),
+        ["retention"] => retention(),
         ["demo", "--help" | "-h"] => help(DEMO_HELP),
         ["consume", "--help" | "-h"] => help(CONSUME_HELP),
         ["help" | "--help" | "-h"] => help(USAGE),
@@ -73,7 +116,7 @@ fn main() -> ExitCode {
             eprintln!("receiver: no command given\n{USAGE}");
             ExitCode::from(2)
         }
-        [cmd @ ("init" | "demo" | "consume"), other, ..] => {
+        [cmd @ ("init" | "demo" | "consume" | "retention"), other, ..] => {
             eprintln!("receiver {cmd}: unexpected argument `{other}`: configuration comes from the environment (receiver {cmd} --help)");
             ExitCode::from(2)
         }
@@ -178,6 +221,163 @@ fn consume() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("receiver consume: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn digest(args: &[&str]) -> ExitCode {
+    let mut queue = None;
+    let mut file = None;
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match *a {
+            "--queue" => match it.next().map(|q| receiver::QueueId::new(*q)) {
+                Some(Ok(q)) => queue = Some(q),
+                Some(Err(e)) => return usage("digest", &format!("--queue {e}")),
+                None => return usage("digest", "--queue needs a queue id"),
+            },
+            flag if flag.starts_with("--") => {
+                return usage("digest", &format!("unknown flag `{flag}`"))
+            }
+            path if file.is_none() => file = Some(path),
+            extra => return usage("digest", &format!("unexpected argument `{extra}`")),
+        }
+    }
+    let read = match file {
+        Some(path) => std::fs::read(path).map_err(|e| format!("cannot read {path}: {e}")),
+        None => {
+            use std::io::Read;
+            let mut buf = Vec::new();
+            std::io::stdin()
+                .take(receiver::canonical::MAX_EVENT_BYTES as u64 + 1)
+                .read_to_end(&mut buf)
+                .map(|_| buf)
+                .map_err(|e| format!("cannot read stdin: {e}"))
+        }
+    };
+    let raw = match read {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("receiver digest: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match receiver::inspect::digest(&raw, queue.as_ref()) {
+        Ok((bytes, d)) => {
+            println!("canonical={}", String::from_utf8_lossy(&bytes));
+            println!("sha256={d}");
+            ExitCode::SUCCESS
+        }
+        Err(kind) => {
+            println!("rejected={kind}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn usage(command: &str, problem: &str) -> ExitCode {
+    eprintln!("receiver {command}: {problem} (receiver {command} --help)");
+    ExitCode::from(2)
+}
+
+fn inspect(args: &[&str]) -> ExitCode {
+    use receiver::inspect::Target;
+    let mut target = None;
+    let (mut show_event, mut json, mut compare) = (false, false, None);
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match *a {
+            "--event-id" | "--task-id" => {
+                let Some(v) = it.next() else {
+                    return usage("inspect", &format!("{a} needs an id"));
+                };
+                let t = if *a == "--event-id" {
+                    receiver::EventId::new(*v).map(Target::Event)
+                } else {
+                    receiver::TaskId::new(*v).map(Target::Task)
+                };
+                match t {
+                    Ok(t) if target.is_none() => target = Some(t),
+                    Ok(_) => return usage("inspect", "give one of --event-id or --task-id"),
+                    Err(e) => return usage("inspect", &format!("{a} {e}")),
+                }
+            }
+            "--show-event" => show_event = true,
+            "--json" => json = true,
+            "--compare" => match it.next() {
+                Some(path) => compare = Some(*path),
+                None => return usage("inspect", "--compare needs a file"),
+            },
+            other => return usage("inspect", &format!("unexpected argument `{other}`")),
+        }
+    }
+    let Some(target) = target else {
+        return usage("inspect", "give --event-id or --task-id");
+    };
+    let config = match receiver::config::InspectConfig::from_source(&ProcessEnv) {
+        Ok(c) => c,
+        Err(errors) => return config_failed("inspect", errors),
+    };
+    let compared = match compare {
+        None => None,
+        Some(path) => match std::fs::read(path) {
+            Ok(raw) => match receiver::inspect::digest(&raw, Some(&config.queue)) {
+                Ok((_, d)) => Some(d),
+                Err(kind) => {
+                    eprintln!("receiver inspect: the event in {path} is rejected: {kind}");
+                    return ExitCode::from(2);
+                }
+            },
+            Err(e) => {
+                eprintln!("receiver inspect: cannot read {path}: {e}");
+                return ExitCode::FAILURE;
+            }
+        },
+    };
+    match runtime().block_on(receiver::inspect::inspect(
+        &config,
+        &target,
+        show_event,
+        compared.as_ref(),
+    )) {
+        Ok(report) => {
+            if json {
+                println!("{}", report.json());
+            } else {
+                println!("{}", report.text());
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("receiver inspect: storage_error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn retention() -> ExitCode {
+    let config = match InitConfig::from_source(&ProcessEnv) {
+        Ok(c) => c,
+        Err(errors) => return config_failed("retention", errors),
+    };
+    match runtime().block_on(receiver::inspect::retention(&config.dsn)) {
+        Ok(rows) if rows.is_empty() => {
+            println!("inbox: empty");
+            ExitCode::SUCCESS
+        }
+        Ok(rows) => {
+            for r in rows {
+                println!(
+                    "consumer={} queue={} inbox_rows={} oldest={} newest={} approx_bytes={} views={}",
+                    r.consumer, r.queue, r.inbox_rows, r.oldest, r.newest, r.approx_bytes, r.views
+                );
+            }
+            println!("nothing deleted: retention must cover the platform's redelivery window (see receiver retention --help)");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("receiver retention: storage_error: {e}");
             ExitCode::FAILURE
         }
     }

@@ -147,6 +147,9 @@ fn help_texts() {
         &["init", "--help"],
         &["demo", "--help"],
         &["consume", "--help"],
+        &["digest", "--help"],
+        &["inspect", "--help"],
+        &["retention", "--help"],
     ] {
         let out = receiver(args, &[]);
         assert!(out.status.success());
