@@ -430,7 +430,7 @@ async fn blocked_handlers_hold_at_most_the_concurrency_and_shutdown_meets_its_de
     assert_eq!(started.load(Ordering::SeqCst), 4);
     let t = Instant::now();
     let summary = consumer.shutdown(Duration::from_secs(2)).await;
-    assert!(t.elapsed() < Duration::from_secs(2) + Duration::from_millis(200));
+    assert!(t.elapsed() < Duration::from_secs(3));
     assert_eq!(summary.cancelled_handlers, 4);
     let acked = client
         .list_deliveries(
