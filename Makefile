@@ -2,7 +2,7 @@
 CARGO ?= cargo
 
 .DEFAULT_GOAL := help
-.PHONY: help deps check build test unit integration demo bench-proxy
+.PHONY: help deps check build test unit integration demo bench bench-proxy
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -31,6 +31,11 @@ integration: deps build ## Only the suites that need a real MySQL server
 
 demo: deps build ## The whole demo: temporary MySQL, orbit-dev, receiver init and demo
 	$(CARGO) run -q -p conformance --bin demo
+
+bench: deps ## All benchmarks, quick mode (about three minutes): canonicalise, apply, proxy relay
+	$(CARGO) bench -p receiver --bench canonical
+	$(CARGO) bench -p receiver --bench apply
+	$(CARGO) bench -p commit-proxy --bench relay
 
 bench-proxy: deps ## commit-proxy relay overhead: direct vs TCP forwarder vs proxy, one run
 	$(CARGO) bench -p commit-proxy --bench relay

@@ -190,6 +190,8 @@ impl<'a> Value<'a> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Document<'a> {
     members: Vec<(Cow<'a, str>, Value<'a>)>,
+    /// The input's length: the canonical form is never longer.
+    source_len: usize,
 }
 
 impl<'a> Document<'a> {
@@ -260,7 +262,10 @@ impl<'a> Document<'a> {
                 *value = Value::String(Cow::Owned(utc));
             }
         }
-        Ok(Document { members })
+        Ok(Document {
+            members,
+            source_len: raw.len(),
+        })
     }
 
     /// The value of a top-level member.
@@ -273,9 +278,36 @@ impl<'a> Document<'a> {
 
     /// The canonical bytes of the whole document.
     pub fn to_canonical(&self) -> Vec<u8> {
-        let mut out = Vec::new();
-        write_object(&self.members, &mut out);
-        out
+        self.to_canonical_with_span(None).0
+    }
+
+    /// The canonical bytes of the whole document, and where in them the value of the top-level
+    /// member `member` lies (so a caller needs no second serialisation of it).
+    pub fn to_canonical_with_span(
+        &self,
+        member: Option<&str>,
+    ) -> (Vec<u8>, Option<std::ops::Range<usize>>) {
+        let mut out = Vec::with_capacity(self.size_hint());
+        let mut span = None;
+        out.push(b'{');
+        for (i, (name, value)) in self.members.iter().enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            write_string(name, &mut out);
+            out.push(b':');
+            let start = out.len();
+            write_value(value, &mut out);
+            if member == Some(name.as_ref()) {
+                span = Some(start..out.len());
+            }
+        }
+        out.push(b'}');
+        (out, span)
+    }
+
+    fn size_hint(&self) -> usize {
+        self.source_len
     }
 }
 
@@ -289,7 +321,30 @@ pub fn canonicalize(raw: &[u8]) -> Result<(Vec<u8>, Digest), CanonError> {
 /// Orders member names by their UTF-16 code units, as RFC 8785 does. This differs from byte
 /// order only where a character above U+FFFF meets one in U+E000..U+FFFF.
 pub fn utf16_order(a: &str, b: &str) -> Ordering {
-    a.encode_utf16().cmp(b.encode_utf16())
+    let (x, y) = (a.as_bytes(), b.as_bytes());
+    // UTF-8 byte order is code-point order; it differs from UTF-16 order only where a
+    // character above U+FFFF (lead byte F0–F4, a surrogate pair in UTF-16) meets one in
+    // U+E000–U+FFFF (lead byte EE or EF): the former sorts first in UTF-16.
+    match x.iter().zip(y).position(|(p, q)| p != q) {
+        None => x.len().cmp(&y.len()),
+        Some(i) => {
+            // Back up to the first byte of the differing character.
+            let mut start = i;
+            while start > 0 && (x[start] & 0xC0) == 0x80 {
+                start -= 1;
+            }
+            let (p, q) = (x[start], y[start]);
+            let supplementary = |b: u8| b >= 0xF0;
+            let high_bmp = |b: u8| b == 0xEE || b == 0xEF;
+            if supplementary(p) && high_bmp(q) {
+                Ordering::Less
+            } else if high_bmp(p) && supplementary(q) {
+                Ordering::Greater
+            } else {
+                x[i].cmp(&y[i])
+            }
+        }
+    }
 }
 
 struct Parser<'a> {

@@ -218,13 +218,15 @@ impl TaskEvent {
             .filter(|s| *s == required)
             .ok_or(Rejection::StateMismatch { event_type })?;
         // `"result": null` means no result, exactly like an absent member.
-        let result = match doc.get("result") {
-            None | Some(Value::Null) => None,
-            Some(v) if state.allows_result() => Some(v.to_canonical()),
+        let has_result = match doc.get("result") {
+            None | Some(Value::Null) => false,
+            Some(_) if state.allows_result() => true,
             Some(_) => return Err(Rejection::ResultNotAllowed(state)),
         };
 
-        let canonical = doc.to_canonical();
+        // One serialisation: the result's canonical bytes are a slice of the event's.
+        let (canonical, span) = doc.to_canonical_with_span(has_result.then_some("result"));
+        let result = span.map(|r| canonical[r].to_vec());
         let digest = Digest::of(&canonical);
         Ok(TaskEvent {
             id,
