@@ -222,7 +222,9 @@ async fn a_spent_budget_expires_and_occupies_the_window_until_budget_is_added() 
 
     fail_first.store(false, Ordering::SeqCst);
     let d = client.add_budget(&expired.id, 1).await.unwrap();
-    assert_eq!((d.state.as_str(), d.budget), ("PENDING", 3));
+    // PENDING again, and possibly leased already by the time the answer is read back.
+    assert!(matches!(d.state.as_str(), "PENDING" | "LEASED"), "{d:?}");
+    assert_eq!(d.budget, 3);
     eventually(
         Duration::from_secs(15),
         "both deliveries to be ACKED",
