@@ -33,6 +33,17 @@ async fn deliveries(client: &Client, sub: &str) -> Vec<orbit_sdk::wire::Delivery
         .unwrap()
 }
 
+/// A platform started with `args`, its client, and a subscription to `task.cancelled`.
+async fn subscribed(args: &[&str]) -> (OrbitDev, Client, orbit_sdk::wire::Subscription) {
+    let orbit = OrbitDev::start(args).await;
+    let client = orbit.client();
+    let sub = client
+        .create_subscription(QUEUE, &["task.cancelled"])
+        .await
+        .unwrap();
+    (orbit, client, sub)
+}
+
 /// A cancelled task: one `task.cancelled` event.
 async fn cancelled_task(client: &Client) -> String {
     let task = client.submit_task(QUEUE, None).await.unwrap();
@@ -75,12 +86,7 @@ async fn next_raw(ws: &mut Ws) -> Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lease_expiry_redelivers_with_a_new_proof_and_acks_are_checked() {
-    let orbit = OrbitDev::start(&["--lease-seconds", "1"]).await;
-    let client = orbit.client();
-    let sub = client
-        .create_subscription(QUEUE, &["task.cancelled"])
-        .await
-        .unwrap();
+    let (orbit, client, sub) = subscribed(&["--lease-seconds", "1"]).await;
     assert_eq!(sub.id.len(), 32);
     cancelled_task(&client).await;
 
@@ -130,12 +136,7 @@ async fn lease_expiry_redelivers_with_a_new_proof_and_acks_are_checked() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_ack_reply_is_reported_again_with_the_same_proof() {
-    let orbit = OrbitDev::start(&["--enable-fault-api"]).await;
-    let client = orbit.client();
-    let sub = client
-        .create_subscription(QUEUE, &["task.cancelled"])
-        .await
-        .unwrap();
+    let (orbit, client, sub) = subscribed(&["--enable-fault-api"]).await;
     let (status, _) = http_raw(
         &orbit.addr,
         "POST",
@@ -246,12 +247,7 @@ async fn a_spent_budget_expires_and_occupies_the_window_until_budget_is_added() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pause_holds_deliveries_and_resume_releases_the_backlog() {
-    let orbit = OrbitDev::start(&[]).await;
-    let client = orbit.client();
-    let sub = client
-        .create_subscription(QUEUE, &["task.cancelled"])
-        .await
-        .unwrap();
+    let (_orbit, client, sub) = subscribed(&[]).await;
     for _ in 0..3 {
         cancelled_task(&client).await;
     }
@@ -389,12 +385,7 @@ async fn limits_scopes_queues_and_tokens() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn blocked_handlers_hold_at_most_the_concurrency_and_shutdown_meets_its_deadline() {
-    let orbit = OrbitDev::start(&[]).await;
-    let client = orbit.client();
-    let sub = client
-        .create_subscription(QUEUE, &["task.cancelled"])
-        .await
-        .unwrap();
+    let (_orbit, client, sub) = subscribed(&[]).await;
     for _ in 0..10 {
         cancelled_task(&client).await;
     }
@@ -449,12 +440,7 @@ async fn blocked_handlers_hold_at_most_the_concurrency_and_shutdown_meets_its_de
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_platform_comes_back_and_nothing_is_lost_or_acked_twice() {
-    let mut orbit = OrbitDev::start(&["--lease-seconds", "2"]).await;
-    let client = orbit.client();
-    let sub = client
-        .create_subscription(QUEUE, &["task.cancelled"])
-        .await
-        .unwrap();
+    let (mut orbit, client, sub) = subscribed(&["--lease-seconds", "2"]).await;
     for _ in 0..5 {
         cancelled_task(&client).await;
     }
