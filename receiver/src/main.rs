@@ -164,13 +164,24 @@ fn init() -> ExitCode {
         Ok(c) => c,
         Err(errors) => return config_failed("init", errors),
     };
-    match runtime().block_on(receiver::schema::init(&config.dsn)) {
+    finish(
+        "init",
+        runtime().block_on(receiver::schema::init(&config.dsn)),
+    )
+}
+
+/// Prints a command's report on stdout (exit 0), or its error as one line on stderr (exit 1).
+fn finish<T: std::fmt::Display, E: std::fmt::Display>(
+    command: &str,
+    result: Result<T, E>,
+) -> ExitCode {
+    match result {
         Ok(report) => {
             println!("{report}");
             ExitCode::SUCCESS
         }
         Err(e) => {
-            eprintln!("receiver init: {e}");
+            eprintln!("receiver {command}: {e}");
             ExitCode::FAILURE
         }
     }
@@ -182,16 +193,7 @@ fn demo() -> ExitCode {
         Err(errors) => return config_failed("demo", errors),
     };
     logging(config.log);
-    match runtime().block_on(receiver::demo::run(&config)) {
-        Ok(report) => {
-            println!("{report}");
-            ExitCode::SUCCESS
-        }
-        Err(e) => {
-            eprintln!("receiver demo: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    finish("demo", runtime().block_on(receiver::demo::run(&config)))
 }
 
 fn consume() -> ExitCode {

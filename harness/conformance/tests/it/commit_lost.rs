@@ -10,16 +10,31 @@ use conformance::{EventSpec, ReceiverDb};
 use receiver::store::StorageKind;
 use receiver::{ApplyError, Outcome, TaskId};
 
+/// A receiver database, a proxy in front of its server, a store connected through the proxy,
+/// and a `task.cancelled` event to apply.
+async fn behind_proxy(
+    event: &str,
+    task: &str,
+) -> (
+    ReceiverDb,
+    commit_proxy::Proxy,
+    receiver::Store,
+    receiver::TaskEvent,
+) {
+    let rdb = ReceiverDb::new().await;
+    let proxy = rdb.proxy().await;
+    let proxied = rdb.store_via(proxy.local_addr()).await;
+    let event = EventSpec::cancelled(event, task, 1).event();
+    (rdb, proxy, proxied, event)
+}
+
 fn task(id: &str) -> TaskId {
     TaskId::new(id).unwrap()
 }
 
 #[tokio::test]
 async fn a_dropped_commit_ok_is_unconfirmed_then_resolved_as_a_duplicate() {
-    let rdb = ReceiverDb::new().await;
-    let proxy = rdb.proxy().await;
-    let proxied = rdb.store_via(proxy.local_addr()).await;
-    let event = EventSpec::cancelled("evt-lost", "task-lost", 1).event();
+    let (rdb, proxy, proxied, event) = behind_proxy("evt-lost", "task-lost").await;
 
     let rule = proxy
         .arm(RuleSpec::new(Action::DropCommitOk).once())
@@ -69,10 +84,7 @@ async fn a_dropped_commit_ok_is_unconfirmed_then_resolved_as_a_duplicate() {
 
 #[tokio::test]
 async fn a_swallowed_commit_is_unconfirmed_and_the_reapply_applies_once() {
-    let rdb = ReceiverDb::new().await;
-    let proxy = rdb.proxy().await;
-    let proxied = rdb.store_via(proxy.local_addr()).await;
-    let event = EventSpec::cancelled("evt-swallowed", "task-swallowed", 1).event();
+    let (rdb, proxy, proxied, event) = behind_proxy("evt-swallowed", "task-swallowed").await;
 
     let rule = proxy
         .arm(RuleSpec::new(Action::DropCommitRequest).once())
@@ -104,10 +116,7 @@ async fn a_swallowed_commit_is_unconfirmed_and_the_reapply_applies_once() {
 
 #[tokio::test]
 async fn an_error_reply_to_commit_is_a_definite_retryable_failure() {
-    let rdb = ReceiverDb::new().await;
-    let proxy = rdb.proxy().await;
-    let proxied = rdb.store_via(proxy.local_addr()).await;
-    let event = EventSpec::cancelled("evt-deadlock", "task-deadlock", 1).event();
+    let (rdb, proxy, proxied, event) = behind_proxy("evt-deadlock", "task-deadlock").await;
 
     let rule = proxy
         .arm(
@@ -141,10 +150,7 @@ async fn an_error_reply_to_commit_is_a_definite_retryable_failure() {
 
 #[tokio::test]
 async fn a_reset_at_commit_is_unconfirmed_and_commits_nothing() {
-    let rdb = ReceiverDb::new().await;
-    let proxy = rdb.proxy().await;
-    let proxied = rdb.store_via(proxy.local_addr()).await;
-    let event = EventSpec::cancelled("evt-reset", "task-reset", 1).event();
+    let (rdb, proxy, proxied, event) = behind_proxy("evt-reset", "task-reset").await;
     proxy.arm(RuleSpec::new(Action::Reset).once()).unwrap();
     assert!(matches!(
         proxied.apply(&event).await,
