@@ -2,7 +2,7 @@
 CARGO ?= cargo
 
 .DEFAULT_GOAL := help
-.PHONY: help deps check build test unit integration demo bench bench-proxy
+.PHONY: help deps check build fault-build test unit integration demo bench bench-proxy
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -13,6 +13,7 @@ deps: ## Install what a fresh machine lacks (Debian's mariadb-server when no mys
 check: ## Format, lint (warnings denied), build, and check the container backend feature
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	$(CARGO) clippy -p receiver -p orbit-sdk --features receiver/fault-barriers --all-targets -- -D warnings
 	$(CARGO) build --workspace
 	$(CARGO) check -p testdb --features container
 	@! $(CARGO) tree -p orbit-sdk -e normal --prefix none | grep -Ei '^(sqlx|mysql)' || { echo "orbit-sdk must not depend on a database driver"; exit 1; }
@@ -20,13 +21,18 @@ check: ## Format, lint (warnings denied), build, and check the container backend
 build: ## Build every crate and binary
 	$(CARGO) build --workspace --bins
 
-test: deps build ## Every test: unit tests and the real-server suites
+# Only `--bin receiver-faults`: building all of receiver's bins with the feature would put
+# barriers into target/debug/receiver, which the fault suite checks is free of them.
+fault-build: ## The test-only receiver-faults binary (the receiver with fault barriers)
+	$(CARGO) build -p receiver --features fault-barriers --bin receiver-faults
+
+test: deps build fault-build ## Every test: unit tests and the real-server suites
 	$(CARGO) test --workspace
 
 unit: ## Only the tests that need no server
 	$(CARGO) test --workspace --exclude conformance
 
-integration: deps build ## Only the suites that need a real MySQL server
+integration: deps build fault-build ## Only the suites that need a real MySQL server
 	$(CARGO) test -p conformance
 
 demo: deps build ## The whole demo: temporary MySQL, orbit-dev, receiver init and demo

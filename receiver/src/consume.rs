@@ -70,22 +70,29 @@ pub async fn run(
     tracing::info!(subscription = %subscription.id, queue = %queue, consumer = %config.name, "consuming");
     let consumer = {
         let (store, queue) = (store.clone(), queue.clone());
-        EventConsumer::new(client, subscription.id.clone())
-            .concurrency(CONCURRENCY)
-            .start(move |d| {
-                let (store, queue) = (store.clone(), queue.clone());
-                async move {
-                    let started = Instant::now();
-                    let h = apply_raw(&store, &queue, d.event_json().as_bytes()).await;
-                    let ms = started.elapsed().as_millis() as u64;
-                    h.log(&d.delivery_id, d.attempt, ms);
-                    if h.classification.acks() {
-                        Ok(())
-                    } else {
-                        Err(h.classification.to_string())
-                    }
+        let consumer = EventConsumer::new(client, subscription.id.clone()).concurrency(CONCURRENCY);
+        #[cfg(feature = "fault-barriers")]
+        let consumer = {
+            crate::fault::announce();
+            consumer.after_ack_sent(crate::fault::ack_sent_hook())
+        };
+        consumer.start(move |d| {
+            let (store, queue) = (store.clone(), queue.clone());
+            async move {
+                let started = Instant::now();
+                let h = apply_raw(&store, &queue, d.event_json().as_bytes()).await;
+                let ms = started.elapsed().as_millis() as u64;
+                h.log(&d.delivery_id, d.attempt, ms);
+                if h.classification.acks() {
+                    #[cfg(feature = "fault-barriers")]
+                    crate::fault::barrier("after_commit", h.event_id.as_deref().unwrap_or("-"))
+                        .await;
+                    Ok(())
+                } else {
+                    Err(h.classification.to_string())
                 }
-            })
+            }
+        })
     };
     let mut events = consumer.events();
     let watch = tokio::spawn(async move {

@@ -18,6 +18,8 @@ pub mod consume;
 pub mod delivery;
 pub mod demo;
 pub mod event;
+#[cfg(feature = "fault-barriers")]
+pub mod fault;
 pub mod identity;
 pub mod inspect;
 pub mod schema;

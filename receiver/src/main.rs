@@ -95,7 +95,7 @@ environment:
   ORBIT_URL, ORBIT_CREDENTIALS_FILE, ORBIT_TOKEN, ORBIT_QUEUE_ID, ORBIT_RECEIVER_DSN,
   RECEIVER_NAME, RECEIVER_LOG_FORMAT   as for demo";
 
-fn main() -> ExitCode {
+pub fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     match args.as_slice() {

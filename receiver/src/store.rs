@@ -583,6 +583,8 @@ impl Store {
         let task = event.task().as_str().as_bytes();
 
         conn.execute("BEGIN").await?;
+        #[cfg(feature = "fault-barriers")]
+        crate::fault::barrier("before_insert", event.id().as_str()).await;
         let inserted = sqlx::query(INSERT_INBOX)
             .bind(consumer)
             .bind(queue)
@@ -659,6 +661,8 @@ impl Store {
             .await
             .map_err(ApplyError::Write)?;
 
+        #[cfg(feature = "fault-barriers")]
+        crate::fault::barrier("before_commit", event.id().as_str()).await;
         commit_sent.store(true, Ordering::SeqCst);
         match conn.execute("COMMIT").await {
             Ok(_) => Ok(Step::Committed(outcome)),

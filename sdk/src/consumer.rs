@@ -87,6 +87,25 @@ pub struct EventConsumer {
     backoff_initial: Duration,
     backoff_max: Duration,
     ack_timeout: Duration,
+    #[cfg(feature = "fault-hooks")]
+    after_ack_sent: Option<AckSentHook>,
+}
+
+/// Test builds only (feature `fault-hooks`): awaited right after an ACK is written to the
+/// stream, with the delivery id; the consumer does nothing else until it returns.
+#[cfg(feature = "fault-hooks")]
+#[derive(Clone)]
+pub struct AckSentHook(pub Arc<dyn Fn(String) -> HookFuture + Send + Sync>);
+
+/// What an [`AckSentHook`] returns.
+#[cfg(feature = "fault-hooks")]
+pub type HookFuture = std::pin::Pin<Box<dyn Future<Output = ()> + Send>>;
+
+#[cfg(feature = "fault-hooks")]
+impl fmt::Debug for AckSentHook {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("AckSentHook")
+    }
 }
 
 /// A started consumer.
@@ -116,7 +135,16 @@ impl EventConsumer {
             backoff_initial: Duration::from_millis(100),
             backoff_max: Duration::from_secs(5),
             ack_timeout: Duration::from_secs(10),
+            #[cfg(feature = "fault-hooks")]
+            after_ack_sent: None,
         }
+    }
+
+    /// Test builds only: runs `hook` after every first send of an ACK.
+    #[cfg(feature = "fault-hooks")]
+    pub fn after_ack_sent(mut self, hook: AckSentHook) -> EventConsumer {
+        self.after_ack_sent = Some(hook);
+        self
     }
 
     /// How many deliveries may be handled at once (at least 1).
@@ -353,9 +381,15 @@ where
                     match result {
                         Ok(()) => {
                             pending.insert(delivery_id.clone(), (proof.clone(), Instant::now()));
+                            #[cfg(feature = "fault-hooks")]
+                            let acked = delivery_id.clone();
                             if let Err(e) = send(&mut ws, &ClientMessage::Ack { delivery_id, proof }).await {
                                 broken = Some(e);
                                 continue;
+                            }
+                            #[cfg(feature = "fault-hooks")]
+                            if let Some(hook) = &config.after_ack_sent {
+                                (hook.0)(acked).await;
                             }
                         }
                         Err(error) => {

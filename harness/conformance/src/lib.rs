@@ -5,6 +5,8 @@
 
 use std::path::PathBuf;
 
+pub mod process;
+
 use receiver::config::Dsn;
 use receiver::store::StoreOptions;
 use receiver::{ConsumerName, QueueId, Store, TaskEvent};
@@ -185,6 +187,22 @@ impl EventSpec {
     }
 }
 
+/// Waits up to `timeout` for `check` to hold, polling every 50 ms; panics naming `what`.
+pub async fn eventually<F, Fut>(timeout: std::time::Duration, what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = std::time::Instant::now() + timeout;
+    while !check().await {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "waited {timeout:?} for {what}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
 /// A binary of this workspace built beside this test binary (`target/<profile>/<name>`).
 pub fn workspace_bin(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("test binary path");
@@ -310,7 +328,9 @@ impl OrbitDev {
     /// Provisions databases, bootstraps, and serves with `args` (e.g. `--lease-seconds 1`).
     pub async fn start(args: &[&str]) -> OrbitDev {
         let db = ReceiverDb::provisioned().await;
-        let dir = std::env::temp_dir().join(format!("orbit-dev-{}", db.platform_db));
+        let dir = testdb::scratch_dir()
+            .expect("a scratch directory")
+            .join(format!("orbit-dev-{}", db.platform_db));
         let credentials_file = dir.join("inbox.credentials.json");
         bootstrap(&db.platform_url(), QUEUE, true, &credentials_file)
             .unwrap_or_else(|e| panic!("{e}"));
@@ -328,14 +348,13 @@ impl OrbitDev {
 
     fn serve(&mut self) {
         use std::io::BufRead;
-        let mut child = std::process::Command::new(workspace_bin("orbit-dev"))
-            .arg("serve")
+        let mut cmd = std::process::Command::new(workspace_bin("orbit-dev"));
+        cmd.arg("serve")
             .args(["--listen", &self.addr])
             .args(&self.args)
             .env("ORBIT_MYSQL_DSN", self.db.platform_url())
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .expect("orbit-dev starts");
+            .stdout(std::process::Stdio::piped());
+        let mut child = testdb::spawn_tied(cmd).expect("orbit-dev starts");
         let mut line = String::new();
         std::io::BufReader::new(child.stdout.take().expect("stdout"))
             .read_line(&mut line)
@@ -398,6 +417,61 @@ impl OrbitDev {
         bootstrap(&self.db.platform_url(), queue, event_access, &file)
             .unwrap_or_else(|e| panic!("{e}"));
         file
+    }
+
+    /// Arms a fault of `--enable-fault-api` (`{"fault": …}`); the reply.
+    pub fn fault(&self, body: serde_json::Value) -> serde_json::Value {
+        let (status, reply) = http_json(&self.addr, "POST", "/v1/_faults", Some(&body));
+        assert_eq!(status, 200, "arming {body}: {reply}");
+        reply
+    }
+
+    /// The subscription's deliveries of `event_id`.
+    pub async fn deliveries_of(
+        &self,
+        subscription: &str,
+        event_id: &str,
+    ) -> Vec<orbit_sdk::wire::DeliveryInfo> {
+        let all = self
+            .client()
+            .list_deliveries(subscription, &orbit_sdk::DeliveryFilter::default())
+            .await
+            .expect("deliveries listed");
+        all.into_iter().filter(|d| d.event_id == event_id).collect()
+    }
+
+    /// The receiver's view of `task` (any consumer name): version, state, applied_events.
+    pub async fn view(&self, task: &str) -> Option<(u64, String, u64)> {
+        let mut admin = MySqlConnection::connect(&self.db.admin_receiver_url())
+            .await
+            .expect("admin connects");
+        let row = sqlx::query(
+            "SELECT task_version, last_state, applied_events FROM receiver_task_views WHERE task_id = ?",
+        )
+        .bind(task)
+        .fetch_optional(&mut admin)
+        .await
+        .expect("the view reads");
+        row.map(|r| {
+            use sqlx::Row;
+            (
+                r.get(0),
+                String::from_utf8_lossy(&r.get::<Vec<u8>, _>(1)).into_owned(),
+                r.get(2),
+            )
+        })
+    }
+
+    /// How many inbox rows hold `event_id`.
+    pub async fn inbox_rows(&self, event_id: &str) -> i64 {
+        let mut admin = MySqlConnection::connect(&self.db.admin_receiver_url())
+            .await
+            .expect("admin connects");
+        sqlx::query_scalar("SELECT COUNT(*) FROM receiver_inbox WHERE event_id = ?")
+            .bind(event_id)
+            .fetch_one(&mut admin)
+            .await
+            .expect("the inbox reads")
     }
 
     /// An SDK client with the bootstrap's credential.

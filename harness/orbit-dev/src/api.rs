@@ -40,6 +40,8 @@ pub struct Platform {
     pub wake: Notify,
     /// Fault: process the next ACK but drop its reply (and the stream).
     pub drop_next_ack_reply: AtomicBool,
+    /// Fault: drop the next ACK unread (it is never recorded) and close the stream.
+    pub drop_next_ack: AtomicBool,
     /// Fault: close the stream right after the next delivery is sent.
     pub close_after_delivery: AtomicBool,
 }
@@ -434,31 +436,49 @@ async fn emit(
         .bind(body.as_bytes())
         .execute(&mut **tx)
         .await?;
+    deliver(p, tx, &namespace, &queue, &event_id, event_type, task_id).await?;
+    Ok(())
+}
+
+/// Inserts a PENDING delivery of event `event_id` for every enabled subscription of the
+/// namespace whose queue and event types match; the new deliveries' ids.
+async fn deliver(
+    p: &Platform,
+    tx: &mut sqlx::Transaction<'_, sqlx::MySql>,
+    namespace: &str,
+    queue: &str,
+    event_id: &str,
+    event_type: &str,
+    task_id: &str,
+) -> ApiResult<Vec<String>> {
     let subscriptions = sqlx::query(
         "SELECT id, event_types FROM orbit_subscriptions WHERE namespace = ? AND queue_id = ? AND enabled = 1",
     )
-    .bind(&namespace)
-    .bind(&queue)
+    .bind(namespace)
+    .bind(queue)
     .fetch_all(&mut **tx)
     .await?;
+    let mut ids = Vec::new();
     for s in subscriptions {
         let types: String = s.try_get_unchecked("event_types")?;
         if !types.split(',').any(|t| t == event_type) {
             continue;
         }
         let sub: String = s.try_get_unchecked("id")?;
+        let id = random_hex(16);
         sqlx::query("INSERT INTO orbit_deliveries (id, subscription_id, event_id, event_type, task_id, state, attempts, budget, created_at, updated_at) \
                      VALUES (?, ?, ?, ?, ?, 'PENDING', 0, ?, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))")
-            .bind(random_hex(16))
+            .bind(&id)
             .bind(&sub)
-            .bind(&event_id)
+            .bind(event_id)
             .bind(event_type)
             .bind(task_id)
             .bind(p.max_attempts)
             .execute(&mut **tx)
             .await?;
+        ids.push(id);
     }
-    Ok(())
+    Ok(ids)
 }
 
 async fn create_subscription(
@@ -684,7 +704,12 @@ async fn add_budget(
 #[derive(Deserialize)]
 struct FaultRequest {
     fault: String,
+    /// For `duplicate-event`: the event to deliver again.
+    event_id: Option<String>,
 }
+
+const FAULTS: &str =
+    "drop-next-ack-reply, drop-next-ack, close-stream-after-delivery or duplicate-event";
 
 async fn arm_fault(
     State(p): State<Shared>,
@@ -693,14 +718,57 @@ async fn arm_fault(
     let Json(req) = body?;
     match req.fault.as_str() {
         "drop-next-ack-reply" => p.drop_next_ack_reply.store(true, Ordering::SeqCst),
+        "drop-next-ack" => p.drop_next_ack.store(true, Ordering::SeqCst),
         "close-stream-after-delivery" => p.close_after_delivery.store(true, Ordering::SeqCst),
+        "duplicate-event" => {
+            let Some(event_id) = req.event_id.as_deref() else {
+                return Err(ApiError::invalid("duplicate-event needs \"event_id\""));
+            };
+            let deliveries = duplicate_event(&p, event_id).await?;
+            return Ok(Json(
+                serde_json::json!({"duplicated": event_id, "deliveries": deliveries}),
+            ));
+        }
         other => {
             return Err(ApiError::invalid(format!(
-                "unknown fault {other:?}: drop-next-ack-reply or close-stream-after-delivery"
+                "unknown fault {other:?}: {FAULTS}"
             )))
         }
     }
     Ok(Json(serde_json::json!({"armed": req.fault})))
+}
+
+/// Fault: delivers an already emitted event once more, as a new PENDING delivery for every
+/// enabled subscription that takes it (what a publisher that retried its send would cause).
+/// The new deliveries' ids.
+async fn duplicate_event(p: &Platform, event_id: &str) -> ApiResult<Vec<String>> {
+    let mut tx = p.pool.begin().await?;
+    let Some(event) = sqlx::query(
+        "SELECT namespace, queue_id, task_id, event_type FROM orbit_events WHERE id = ?",
+    )
+    .bind(event_id)
+    .fetch_optional(&mut *tx)
+    .await?
+    else {
+        return Err(ApiError::not_found(&format!("event {event_id}")));
+    };
+    let namespace: String = event.try_get_unchecked(0)?;
+    let queue: String = event.try_get_unchecked(1)?;
+    let task_id: String = event.try_get_unchecked(2)?;
+    let event_type: String = event.try_get_unchecked(3)?;
+    let ids = deliver(
+        p,
+        &mut tx,
+        &namespace,
+        &queue,
+        event_id,
+        &event_type,
+        &task_id,
+    )
+    .await?;
+    tx.commit().await?;
+    p.wake.notify_waiters();
+    Ok(ids)
 }
 
 /// Expires leases that ran out: back to PENDING, or EXPIRED when the budget is spent.
@@ -892,6 +960,11 @@ async fn serve_stream(p: Shared, sub: String, mut socket: WebSocket) {
                     Ok(ClientMessage::Credit { credit: more }) => credit = credit.saturating_add(more).min(10_000),
                     Ok(ClientMessage::Heartbeat) => {}
                     Ok(ClientMessage::Ack { delivery_id, proof }) => {
+                        if p.drop_next_ack.swap(false, Ordering::SeqCst) {
+                            // The ACK is lost on the way: never recorded, never answered.
+                            let _ = socket.close().await;
+                            return;
+                        }
                         let (result, reason) = match ack(&p, &sub, &delivery_id, proof.expose()).await {
                             Ok(r) => r,
                             Err(e) => {

@@ -141,6 +141,7 @@ async fn serve(o: ServeOptions, dsn: String) -> Result<(), Failure> {
         fault_api: o.fault_api,
         wake: Notify::new(),
         drop_next_ack_reply: AtomicBool::new(false),
+        drop_next_ack: AtomicBool::new(false),
         close_after_delivery: AtomicBool::new(false),
     });
     tokio::spawn(api::expire_leases(platform.clone()));

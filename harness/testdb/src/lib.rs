@@ -40,6 +40,19 @@ pub const TESTDB_BACKEND: &str = "TESTDB_BACKEND";
 /// How long a starting server has to answer `SELECT 1`.
 pub const READY_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// Spawns `cmd` so that it dies with this process, even when the process is killed with
+/// SIGKILL (`PR_SET_PDEATHSIG`, from a thread that lives as long as the process). For the
+/// platform and receiver processes a test starts.
+pub fn spawn_tied(cmd: std::process::Command) -> std::io::Result<std::process::Child> {
+    local::spawn_long_lived(cmd)
+}
+
+/// A directory for this process's temporary files under the harness's root, removed when the
+/// process exits (also after failed tests), or by the next run's sweep if it was killed.
+pub fn scratch_dir() -> std::io::Result<std::path::PathBuf> {
+    local::scratch_dir()
+}
+
 /// Why no server could be had.
 #[derive(Debug)]
 pub struct Error(pub String);
@@ -225,6 +238,15 @@ impl Server {
         match &self.backend {
             Backend::Local(server) => server.kill(),
             _ => false,
+        }
+    }
+
+    /// Starts a local server again after [`Server::kill`], on the same datadir and port, and
+    /// waits until it answers. An error for other backends.
+    pub fn restart(&self) -> Result<(), Error> {
+        match &self.backend {
+            Backend::Local(server) => server.restart(),
+            _ => Err(Error::new("only a local server can be restarted")),
         }
     }
 

@@ -12,7 +12,7 @@ use std::net::{TcpListener, TcpStream};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -25,6 +25,7 @@ pub(crate) enum Cleanup {
         pid: u32,
         dir: PathBuf,
     },
+    Dir(PathBuf),
     #[cfg_attr(not(feature = "container"), allow(dead_code))]
     Container {
         id: String,
@@ -50,6 +51,9 @@ extern "C" fn cleanup_at_exit() {
         match c {
             Cleanup::Process { pid, dir } => {
                 kill_and_reap(pid);
+                let _ = fs::remove_dir_all(dir);
+            }
+            Cleanup::Dir(dir) => {
                 let _ = fs::remove_dir_all(dir);
             }
             Cleanup::Container { id } => {
@@ -102,7 +106,7 @@ type SpawnRequest = (Command, mpsc::Sender<std::io::Result<Child>>);
 
 /// Forks servers from one thread that lives as long as the process: `PR_SET_PDEATHSIG` fires
 /// when the forking *thread* exits, so a short-lived thread would take the server with it.
-fn spawn_long_lived(mut cmd: Command) -> std::io::Result<Child> {
+pub(crate) fn spawn_long_lived(mut cmd: Command) -> std::io::Result<Child> {
     static SPAWNER: OnceLock<Mutex<mpsc::Sender<SpawnRequest>>> = OnceLock::new();
     let sender = SPAWNER.get_or_init(|| {
         let (tx, rx) = mpsc::channel::<SpawnRequest>();
@@ -137,6 +141,25 @@ fn spawn_long_lived(mut cmd: Command) -> std::io::Result<Child> {
 
 fn root_dir() -> PathBuf {
     std::env::temp_dir().join("result-inbox-testdb")
+}
+
+/// This process's scratch directory, `<root>/<pid>-scratch`, made once and removed at exit.
+pub(crate) fn scratch_dir() -> std::io::Result<PathBuf> {
+    static SCRATCH: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    SCRATCH
+        .get_or_init(|| {
+            let root = root_dir();
+            fs::create_dir_all(&root).map_err(|e| format!("{}: {e}", root.display()))?;
+            sweep_leftovers(&root);
+            let dir = root.join(format!("{}-scratch", std::process::id()));
+            fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+            fs::write(dir.join("owner.pid"), std::process::id().to_string())
+                .map_err(|e| format!("{}: {e}", dir.display()))?;
+            register(Cleanup::Dir(dir.clone()));
+            Ok(dir)
+        })
+        .clone()
+        .map_err(std::io::Error::other)
 }
 
 /// Removes directories of earlier runs whose test process is gone, killing their servers.
@@ -249,7 +272,8 @@ fn tail(path: &Path, bytes: u64) -> String {
 #[derive(Debug)]
 pub(crate) struct LocalServer {
     child: Mutex<Option<Child>>,
-    pid: u32,
+    pid: AtomicU32,
+    program: Program,
     dir: PathBuf,
     port: u16,
     description: String,
@@ -279,7 +303,7 @@ impl LocalServer {
             // A port can be taken between choosing and binding; try a few.
             let mut last = None;
             for _ in 0..3 {
-                match Self::launch(&program, &dir) {
+                match Self::launch(&program, &dir, free_loopback_port()?) {
                     Ok(server) => return Ok(server),
                     Err(e) if e.0.contains("Address already in use") => last = Some(e),
                     Err(e) => return Err(e),
@@ -341,11 +365,32 @@ impl LocalServer {
         Ok(())
     }
 
-    fn launch(program: &Program, dir: &Path) -> Result<LocalServer, Error> {
-        let port = free_loopback_port()?;
+    fn launch(program: &Program, dir: &Path, port: u16) -> Result<LocalServer, Error> {
+        let _ = fs::remove_file(dir.join("error.log"));
+        let child = Self::spawn(program, dir, port)?;
+        let pid = child.id();
+        let mut server = LocalServer {
+            child: Mutex::new(Some(child)),
+            pid: AtomicU32::new(pid),
+            program: program.clone(),
+            dir: dir.to_path_buf(),
+            port,
+            description: String::new(),
+        };
+        let version = server.wait_ready(&dir.join("error.log"))?;
+        let name = program
+            .server
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        server.description = format!("{version} (local {name}, 127.0.0.1:{port})");
+        Ok(server)
+    }
+
+    /// Starts the server process on `dir`'s datadir and `port`, registered for cleanup.
+    fn spawn(program: &Program, dir: &Path, port: u16) -> Result<Child, Error> {
         let data = dir.join("data");
         let log = dir.join("error.log");
-        let _ = fs::remove_file(&log);
         let mut cmd = Command::new(&program.server);
         cmd.arg("--no-defaults")
             .arg(format!("--datadir={}", data.display()))
@@ -367,26 +412,22 @@ impl LocalServer {
             .stderr(Stdio::null());
         let child = spawn_long_lived(cmd)
             .map_err(|e| Error::new(format!("cannot start {}: {e}", program.server.display())))?;
-        let pid = child.id();
         register(Cleanup::Process {
-            pid,
+            pid: child.id(),
             dir: dir.to_path_buf(),
         });
-        let mut server = LocalServer {
-            child: Mutex::new(Some(child)),
-            pid,
-            dir: dir.to_path_buf(),
-            port,
-            description: String::new(),
-        };
-        let version = server.wait_ready(&log)?;
-        let name = program
-            .server
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        server.description = format!("{version} (local {name}, 127.0.0.1:{port})");
-        Ok(server)
+        Ok(child)
+    }
+
+    /// Starts a killed server again on the same datadir and port (InnoDB recovers what was
+    /// committed); returns when it answers `SELECT 1`.
+    pub(crate) fn restart(&self) -> Result<(), Error> {
+        self.kill();
+        let child = Self::spawn(&self.program, &self.dir, self.port)?;
+        let old = self.pid.swap(child.id(), Ordering::SeqCst);
+        unregister_pid(old);
+        *self.child.lock().unwrap_or_else(|p| p.into_inner()) = Some(child);
+        self.wait_ready(&self.dir.join("error.log")).map(|_| ())
     }
 
     /// Waits until the server answers `SELECT 1`, failing fast if it exits.
@@ -462,7 +503,7 @@ impl LocalServer {
 impl Drop for LocalServer {
     fn drop(&mut self) {
         self.kill();
-        unregister_pid(self.pid);
+        unregister_pid(self.pid.load(Ordering::SeqCst));
         let _ = fs::remove_dir_all(&self.dir);
     }
 }

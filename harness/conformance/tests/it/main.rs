@@ -5,6 +5,7 @@ mod cli;
 mod commit_lost;
 mod commit_proxy;
 mod demo;
+mod faults;
 mod inspect;
 mod platform;
 mod schema;

@@ -6,25 +6,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use conformance::{http_raw, OrbitDev, QUEUE};
+use conformance::{eventually, http_raw, OrbitDev, QUEUE};
 use futures_util::{SinkExt, StreamExt};
 use orbit_sdk::{AckResult, Client, ConsumerEvent, DeliveryFilter, EventConsumer};
 use serde_json::{json, Value};
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::Message;
-
-/// Waits up to `timeout` for `check` to hold, polling.
-async fn eventually<F, Fut>(timeout: Duration, what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = Instant::now() + timeout;
-    while !check().await {
-        assert!(Instant::now() < deadline, "waited {timeout:?} for {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
 
 async fn deliveries(client: &Client, sub: &str) -> Vec<orbit_sdk::wire::DeliveryInfo> {
     client

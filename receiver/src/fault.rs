@@ -1,0 +1,156 @@
+//! Fault barriers, for the fault regressions only. This module exists only with the
+//! `fault-barriers` feature, which only the `receiver-faults` binary turns on
+//! (`make fault-build`); the `receiver` binary has no barrier, flag or variable.
+//!
+//! A barrier is a named point in the flow of one delivery:
+//!
+//! | point | where |
+//! |---|---|
+//! | `before_insert` | in the Apply transaction, after `BEGIN`, before the inbox `INSERT` |
+//! | `before_commit` | after the inbox row and the view are written, before `COMMIT` |
+//! | `after_commit` | after the apply answered (COMMIT confirmed, or a duplicate/stale verdict), before the handler returns and the SDK ACKs |
+//! | `after_ack_sent` | in the SDK, right after the ACK frame was written to the stream |
+//!
+//! `RECEIVER_FAULT_BARRIERS` arms some: a comma-separated list of `point` (stop at its first
+//! hit) or `point@N` (stop at its N-th hit in this process). At an armed hit the barrier
+//! appends one line `barrier=<point> hit=<N> key=<event or delivery id> pid=<pid>` to the
+//! file `RECEIVER_FAULT_REPORT` and then waits: for a line on standard input (then it goes
+//! on), or, if standard input ends, forever. The test usually kills the process there.
+//!
+//! The apply's 5 s budget still runs while a barrier inside the transaction waits.
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::{Mutex, OnceLock};
+
+/// Every barrier point, in flow order.
+pub const POINTS: &[&str] = &[
+    "before_insert",
+    "before_commit",
+    "after_commit",
+    "after_ack_sent",
+];
+
+/// What the environment armed.
+#[derive(Debug, Default)]
+struct Plan {
+    /// point → the hit numbers that stop.
+    armed: HashMap<&'static str, Vec<u64>>,
+    report: Option<PathBuf>,
+    hits: Mutex<HashMap<&'static str, u64>>,
+}
+
+/// Reads `RECEIVER_FAULT_BARRIERS` and `RECEIVER_FAULT_REPORT`; a bad value is fatal, since a
+/// fault test with a misspelt barrier would test nothing.
+fn plan() -> &'static Plan {
+    static PLAN: OnceLock<Plan> = OnceLock::new();
+    PLAN.get_or_init(|| match parse_env() {
+        Ok(plan) => plan,
+        Err(e) => {
+            eprintln!("receiver-faults: {e}");
+            std::process::exit(2);
+        }
+    })
+}
+
+fn parse_env() -> Result<Plan, String> {
+    #[allow(clippy::disallowed_methods)] // the fault build's own switches, read once
+    let spec = std::env::var("RECEIVER_FAULT_BARRIERS").unwrap_or_default();
+    #[allow(clippy::disallowed_methods)]
+    let report = std::env::var_os("RECEIVER_FAULT_REPORT").map(PathBuf::from);
+    let mut plan = Plan {
+        report,
+        ..Plan::default()
+    };
+    for item in spec.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let (name, hit) = match item.split_once('@') {
+            Some((name, n)) => (
+                name,
+                n.parse::<u64>().ok().filter(|n| *n > 0).ok_or_else(|| {
+                    format!("RECEIVER_FAULT_BARRIERS: {item:?}: the hit number must be 1 or more")
+                })?,
+            ),
+            None => (item, 1),
+        };
+        let point = POINTS.iter().find(|p| **p == name).ok_or_else(|| {
+            format!(
+                "RECEIVER_FAULT_BARRIERS: unknown point {name:?}; points: {}",
+                POINTS.join(", ")
+            )
+        })?;
+        plan.armed.entry(point).or_default().push(hit);
+    }
+    if !plan.armed.is_empty() && plan.report.is_none() {
+        return Err("RECEIVER_FAULT_BARRIERS is set but RECEIVER_FAULT_REPORT is not".into());
+    }
+    Ok(plan)
+}
+
+/// Says at start-up that this is the fault build and what it armed.
+pub fn announce() {
+    let plan = plan();
+    let mut armed: Vec<String> = plan
+        .armed
+        .iter()
+        .flat_map(|(p, hits)| hits.iter().map(move |h| format!("{p}@{h}")))
+        .collect();
+    armed.sort();
+    eprintln!(
+        "receiver-faults: TEST BUILD with fault barriers; armed: {}",
+        if armed.is_empty() {
+            "none".to_owned()
+        } else {
+            armed.join(",")
+        }
+    );
+}
+
+/// Passes `point` for `key` (an event or delivery id); stops there if it is armed.
+pub async fn barrier(point: &'static str, key: &str) {
+    let plan = plan();
+    let Some(stops) = plan.armed.get(point) else {
+        return;
+    };
+    let hit = {
+        let mut hits = plan.hits.lock().unwrap_or_else(|p| p.into_inner());
+        let n = hits.entry(point).or_default();
+        *n += 1;
+        *n
+    };
+    if !stops.contains(&hit) {
+        return;
+    }
+    let line = format!(
+        "barrier={point} hit={hit} key={key} pid={}\n",
+        std::process::id()
+    );
+    if let Some(path) = &plan.report {
+        let written = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .and_then(|mut f| f.write_all(line.as_bytes()));
+        if let Err(e) = written {
+            eprintln!("receiver-faults: cannot write {}: {e}", path.display());
+            std::process::exit(2);
+        }
+    }
+    // Wait for a line on stdin; at end of input, wait for ever (for the kill).
+    let released = tokio::task::spawn_blocking(|| {
+        let mut s = String::new();
+        matches!(std::io::stdin().read_line(&mut s), Ok(n) if n > 0)
+    })
+    .await
+    .unwrap_or(false);
+    if !released {
+        std::future::pending::<()>().await;
+    }
+}
+
+/// The SDK hook that runs the `after_ack_sent` barrier.
+pub fn ack_sent_hook() -> orbit_sdk::consumer::AckSentHook {
+    orbit_sdk::consumer::AckSentHook(std::sync::Arc::new(|delivery_id: String| {
+        Box::pin(async move { barrier("after_ack_sent", &delivery_id).await })
+    }))
+}
