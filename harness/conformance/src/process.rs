@@ -18,6 +18,15 @@ use nix::unistd::Pid;
 
 use crate::workspace_bin;
 
+/// The barrier points of `receiver-faults`, in flow order (`receiver/src/fault.rs`; the fault
+/// build exits with an error naming the points if it is given any other).
+pub const BARRIERS: &[&str] = &[
+    "before_insert",
+    "before_commit",
+    "after_commit",
+    "after_ack_sent",
+];
+
 /// The fault build of the receiver (`make fault-build` makes it).
 pub fn receiver_faults_bin() -> PathBuf {
     workspace_bin("receiver-faults")
