@@ -28,6 +28,8 @@ pub enum ConsumeError {
     Store(String),
     #[error("cannot use the platform: {0}")]
     Platform(String),
+    #[error("cannot listen for SIGTERM/SIGINT: {0}")]
+    Signals(String),
     #[error("subscription {id} consumes queue {actual}, not the configured queue {configured}: refusing to start")]
     WrongQueue {
         id: String,
@@ -36,11 +38,11 @@ pub enum ConsumeError {
     },
 }
 
-/// Consumes until `stop` completes.
-pub async fn run(
+/// Connects to the platform and the database: the client, the subscription (checked against
+/// the configured queue) and the store.
+async fn start(
     config: &ConsumeConfig,
-    stop: impl Future<Output = &'static str>,
-) -> Result<(), ConsumeError> {
+) -> Result<(Client, orbit_sdk::wire::Subscription, Arc<Store>), ConsumeError> {
     let queue = config.platform.queue.clone();
     let client = Client::new(
         &config.platform.url,
@@ -62,11 +64,26 @@ pub async fn run(
         max_connections: CONCURRENCY as u32 + 1,
         ..StoreOptions::default()
     };
-    let store = Arc::new(
-        Store::connect(&config.dsn, config.name.clone(), queue.clone(), options)
-            .await
-            .map_err(|e| ConsumeError::Store(e.to_string()))?,
-    );
+    let store = Store::connect(&config.dsn, config.name.clone(), queue, options)
+        .await
+        .map_err(|e| ConsumeError::Store(e.to_string()))?;
+    Ok((client, subscription, Arc::new(store)))
+}
+
+/// Consumes until `stop` completes. A `stop` during start-up ends it at once, successfully.
+pub async fn run(
+    config: &ConsumeConfig,
+    stop: impl Future<Output = &'static str>,
+) -> Result<(), ConsumeError> {
+    let mut stop = std::pin::pin!(stop);
+    let (client, subscription, store) = tokio::select! {
+        started = start(config) => started?,
+        signal = &mut stop => {
+            tracing::info!(signal, "stopped during start-up");
+            return Ok(());
+        }
+    };
+    let queue = config.platform.queue.clone();
     tracing::info!(subscription = %subscription.id, queue = %queue, consumer = %config.name, "consuming");
     let consumer = {
         let (store, queue) = (store.clone(), queue.clone());

@@ -203,20 +203,27 @@ fn consume() -> ExitCode {
     };
     logging(config.log);
     let rt = runtime();
-    let stop = async {
+    let result = rt.block_on(async {
+        // Registered before anything else: a signal during start-up also ends the process
+        // cleanly (exit 0), never by the signal's default action.
         use tokio::signal::unix::{signal, SignalKind};
-        match (
+        let (mut term, mut int) = match (
             signal(SignalKind::terminate()),
             signal(SignalKind::interrupt()),
         ) {
-            (Ok(mut term), Ok(mut int)) => tokio::select! {
+            (Ok(term), Ok(int)) => (term, int),
+            (Err(e), _) | (_, Err(e)) => {
+                return Err(receiver::consume::ConsumeError::Signals(e.to_string()))
+            }
+        };
+        let stop = async move {
+            tokio::select! {
                 _ = term.recv() => "SIGTERM",
                 _ = int.recv() => "SIGINT",
-            },
-            _ => std::future::pending().await,
-        }
-    };
-    let result = rt.block_on(receiver::consume::run(&config, stop));
+            }
+        };
+        receiver::consume::run(&config, stop).await
+    });
     // Do not wait for stray blocking work: the 10 s promise holds.
     rt.shutdown_timeout(std::time::Duration::from_secs(1));
     match result {

@@ -369,6 +369,11 @@ impl OrbitDev {
         self.child = Some(child);
     }
 
+    /// The server's process id (0 when it is not running).
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map_or(0, std::process::Child::id)
+    }
+
     /// SIGKILL the server and wait for it to exit.
     pub fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {

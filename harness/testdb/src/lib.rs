@@ -250,6 +250,14 @@ impl Server {
         }
     }
 
+    /// The process id of a local server while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        match &self.backend {
+            Backend::Local(server) => server.pid(),
+            _ => None,
+        }
+    }
+
     /// Where a local server writes its error log.
     pub fn log_path(&self) -> Option<std::path::PathBuf> {
         match &self.backend {

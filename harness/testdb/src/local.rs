@@ -391,12 +391,21 @@ impl LocalServer {
     fn spawn(program: &Program, dir: &Path, port: u16) -> Result<Child, Error> {
         let data = dir.join("data");
         let log = dir.join("error.log");
+        let socket = dir.join("mysqld.sock");
+        // sockaddr_un holds 107 bytes of path.
+        if socket.as_os_str().len() > 107 {
+            return Err(Error::new(format!(
+                "the server's socket path would be too long for a unix socket ({} bytes, at most 107): {}; set TMPDIR to a shorter directory",
+                socket.as_os_str().len(),
+                socket.display()
+            )));
+        }
         let mut cmd = Command::new(&program.server);
         cmd.arg("--no-defaults")
             .arg(format!("--datadir={}", data.display()))
             .arg(format!("--port={port}"))
             .arg("--bind-address=127.0.0.1")
-            .arg(format!("--socket={}", dir.join("mysqld.sock").display()))
+            .arg(format!("--socket={}", socket.display()))
             .arg(format!("--pid-file={}", data.join("server.pid").display()))
             .arg(format!("--log-error={}", log.display()))
             .arg("--innodb-buffer-pool-size=128M")
@@ -480,6 +489,11 @@ impl LocalServer {
 
     pub(crate) fn description(&self) -> &str {
         &self.description
+    }
+
+    pub(crate) fn pid(&self) -> Option<u32> {
+        let guard = self.child.lock().unwrap_or_else(|p| p.into_inner());
+        guard.as_ref().map(Child::id)
     }
 
     pub(crate) fn log_path(&self) -> PathBuf {

@@ -1,0 +1,393 @@
+//! `make integration`: every real-server suite of the conformance tests, each in its own test
+//! process (so with its own temporary MySQL server), independent suites in parallel, then a
+//! summary table and a proof that nothing was left behind.
+//!
+//! A suite is a module of `tests/it` (`storage`, `faults`, …). Each runs as
+//! `it <its tests> --exact` with its own `TMPDIR` under this run's directory and the variable
+//! `RESULT_INBOX_RUN=<run id>`, which every process it starts inherits. At the end no process
+//! may carry that variable and no suite directory may hold anything but empty directories;
+//! otherwise the run fails, naming what was left (and removes it).
+//!
+//! Options: `--jobs N` (suites at once; default 3), `--only SUITE[,SUITE…]`, and after `--`
+//! arguments for every test process (e.g. `-- --include-ignored`).
+
+use std::collections::{BTreeMap, VecDeque};
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// The variable that marks every process of one run.
+const RUN_VAR: &str = "RESULT_INBOX_RUN";
+
+/// One suite's result.
+#[derive(Debug, Clone)]
+struct Outcome {
+    suite: String,
+    tests: usize,
+    passed: usize,
+    failed: usize,
+    ignored: usize,
+    seconds: f64,
+    ok: bool,
+    log: PathBuf,
+}
+
+struct Options {
+    jobs: usize,
+    only: Option<Vec<String>>,
+    extra: Vec<String>,
+}
+
+fn parse_args() -> Result<Options, String> {
+    let mut o = Options {
+        jobs: 3,
+        only: None,
+        extra: Vec::new(),
+    };
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "--jobs" => {
+                o.jobs = args
+                    .next()
+                    .and_then(|n| n.parse().ok())
+                    .filter(|n| *n > 0)
+                    .ok_or("--jobs needs a number of 1 or more")?;
+            }
+            "--only" => {
+                let list = args.next().ok_or("--only needs SUITE[,SUITE…]")?;
+                o.only = Some(list.split(',').map(str::to_owned).collect());
+            }
+            "--" => {
+                o.extra = args.by_ref().collect();
+            }
+            other => {
+                return Err(format!(
+                    "unknown argument {other:?}; see the top of src/bin/integration.rs"
+                ))
+            }
+        }
+    }
+    Ok(o)
+}
+
+/// The `it` test binary, built if needed, via cargo's JSON messages.
+fn test_binary() -> Result<PathBuf, String> {
+    #[allow(clippy::disallowed_methods)] // cargo tells a program it runs where cargo is
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let out = Command::new(cargo)
+        .args([
+            "test",
+            "-p",
+            "conformance",
+            "--test",
+            "it",
+            "--no-run",
+            "--message-format=json-render-diagnostics",
+        ])
+        .stderr(Stdio::inherit())
+        .output()
+        .map_err(|e| format!("cannot run cargo: {e}"))?;
+    if !out.status.success() {
+        return Err("building the conformance tests failed".into());
+    }
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|m| m["reason"] == "compiler-artifact" && m["target"]["name"] == "it")
+        .find_map(|m| m["executable"].as_str().map(PathBuf::from))
+        .ok_or_else(|| "cargo built no `it` test executable".into())
+}
+
+/// Test names by suite (the first path segment).
+fn suites(bin: &Path) -> Result<BTreeMap<String, Vec<String>>, String> {
+    let out = Command::new(bin)
+        .args(["--list", "--format", "terse"])
+        .output()
+        .map_err(|e| format!("{}: {e}", bin.display()))?;
+    let mut by_suite: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let Some(name) = line.strip_suffix(": test") else {
+            continue;
+        };
+        let suite = name.split("::").next().unwrap_or(name).to_owned();
+        by_suite.entry(suite).or_default().push(name.to_owned());
+    }
+    if by_suite.is_empty() {
+        return Err(format!("{} lists no tests", bin.display()));
+    }
+    Ok(by_suite)
+}
+
+/// Reads the last `test result: ok. 3 passed; 0 failed; 1 ignored; …` line (earlier ones may
+/// be the captured output of a child test process).
+fn counts(log: &str) -> (usize, usize, usize) {
+    let mut c = (0, 0, 0);
+    if let Some(line) = log.lines().filter(|l| l.starts_with("test result:")).last() {
+        for part in line.split([';', '.']) {
+            let mut w = part.split_whitespace();
+            if let (Some(n), Some(what)) = (w.next(), w.next()) {
+                if let Ok(n) = n.parse::<usize>() {
+                    match what {
+                        "passed" => c.0 += n,
+                        "failed" => c.1 += n,
+                        "ignored" => c.2 += n,
+                        _ => {}
+                    }
+                }
+            }
+        }
+    }
+    c
+}
+
+fn run_suite(
+    bin: &Path,
+    suite: &str,
+    tests: &[String],
+    run_dir: &Path,
+    run_id: &str,
+    extra: &[String],
+) -> Outcome {
+    let tmp = run_dir.join(suite);
+    let log = run_dir.join(format!("{suite}.log"));
+    let started = Instant::now();
+    let result = fs::create_dir_all(&tmp)
+        .and_then(|()| fs::File::create(&log))
+        .and_then(|f| {
+            Command::new(bin)
+                .args(tests)
+                .arg("--exact")
+                .args(extra)
+                .env("TMPDIR", &tmp)
+                .env(RUN_VAR, run_id)
+                .stdin(Stdio::null())
+                .stdout(f.try_clone()?)
+                .stderr(f)
+                .status()
+        });
+    let seconds = started.elapsed().as_secs_f64();
+    let text = fs::read_to_string(&log).unwrap_or_default();
+    let (passed, failed, ignored) = counts(&text);
+    let ok = matches!(result, Ok(s) if s.success());
+    if let Err(e) = &result {
+        eprintln!("integration: cannot run suite {suite}: {e}");
+    }
+    Outcome {
+        suite: suite.to_owned(),
+        tests: tests.len(),
+        passed,
+        failed,
+        ignored,
+        seconds,
+        ok,
+        log,
+    }
+}
+
+/// Processes that still carry this run's marker: (pid, command line).
+fn leftover_processes(run_id: &str) -> Vec<(i32, String)> {
+    let marker = format!("{RUN_VAR}={run_id}");
+    let me = std::process::id() as i32;
+    let mut found = Vec::new();
+    let Ok(entries) = fs::read_dir("/proc") else {
+        return found;
+    };
+    for e in entries.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+            continue;
+        };
+        if pid == me {
+            continue;
+        }
+        let Ok(environ) = fs::read(e.path().join("environ")) else {
+            continue;
+        };
+        if !environ.split(|b| *b == 0).any(|v| v == marker.as_bytes()) {
+            continue;
+        }
+        // A zombie is dead; its parent has not reaped it yet.
+        let stat = fs::read_to_string(e.path().join("stat")).unwrap_or_default();
+        if stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with(['Z', 'X']))
+        {
+            continue;
+        }
+        let cmdline = fs::read(e.path().join("cmdline")).unwrap_or_default();
+        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        found.push((pid, cmdline.trim().to_owned()));
+    }
+    found
+}
+
+/// Files (not empty directories) under `dir`.
+fn leftover_files(dir: &Path) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    let Ok(entries) = fs::read_dir(dir) else {
+        return found;
+    };
+    for e in entries.flatten() {
+        let path = e.path();
+        if path.is_dir() && !path.is_symlink() {
+            found.extend(leftover_files(&path));
+        } else {
+            found.push(path);
+        }
+    }
+    found
+}
+
+fn main() -> ExitCode {
+    let options = match parse_args() {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("integration: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let started = Instant::now();
+    let bin = match test_binary().and_then(|b| suites(&b).map(|s| (b, s))) {
+        Ok(found) => found,
+        Err(e) => {
+            eprintln!("integration: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let (bin, mut all) = bin;
+    if let Some(only) = &options.only {
+        for name in only {
+            if !all.contains_key(name) {
+                eprintln!(
+                    "integration: no suite {name:?}; suites: {}",
+                    all.keys().cloned().collect::<Vec<_>>().join(", ")
+                );
+                return ExitCode::from(2);
+            }
+        }
+        all.retain(|k, _| only.contains(k));
+    }
+
+    let run_id = format!("{}-{}", std::process::id(), started.elapsed().as_nanos());
+    // Short: a MySQL socket path under it must stay within 107 bytes.
+    let run_dir = std::env::temp_dir().join(format!("ri-it-{}", std::process::id()));
+    let _ = fs::remove_dir_all(&run_dir);
+    if let Err(e) = fs::create_dir_all(&run_dir) {
+        eprintln!("integration: cannot create {}: {e}", run_dir.display());
+        return ExitCode::FAILURE;
+    }
+    // Longest suites first, so that the slow fault suite does not start last.
+    let mut queue: Vec<(String, Vec<String>)> = all.into_iter().collect();
+    queue.sort_by_key(|(name, tests)| (name != "faults", std::cmp::Reverse(tests.len())));
+    let queue: VecDeque<_> = queue.into();
+    println!(
+        "integration: {} suites, {} at a time, each with its own temporary MySQL server; logs in {}",
+        queue.len(),
+        options.jobs,
+        run_dir.display()
+    );
+    let queue = Arc::new(Mutex::new(queue));
+    let results = Arc::new(Mutex::new(Vec::new()));
+    let workers: Vec<_> = (0..options.jobs)
+        .map(|_| {
+            let (queue, results, bin, run_dir, run_id, extra) = (
+                queue.clone(),
+                results.clone(),
+                bin.clone(),
+                run_dir.clone(),
+                run_id.clone(),
+                options.extra.clone(),
+            );
+            std::thread::spawn(move || loop {
+                let next = queue.lock().unwrap_or_else(|p| p.into_inner()).pop_front();
+                let Some((suite, tests)) = next else { break };
+                println!("integration: {suite}: running {} tests", tests.len());
+                let o = run_suite(&bin, &suite, &tests, &run_dir, &run_id, &extra);
+                println!(
+                    "integration: {suite}: {} in {:.1} s",
+                    if o.ok { "passed" } else { "FAILED" },
+                    o.seconds
+                );
+                results.lock().unwrap_or_else(|p| p.into_inner()).push(o);
+            })
+        })
+        .collect();
+    for w in workers {
+        let _ = w.join();
+    }
+    let mut results = std::mem::take(&mut *results.lock().unwrap_or_else(|p| p.into_inner()));
+    results.sort_by(|a, b| a.suite.cmp(&b.suite));
+
+    // Failed suites: their output.
+    for o in results.iter().filter(|o| !o.ok) {
+        println!("\n===== {} (failed) — {} =====", o.suite, o.log.display());
+        println!("{}", fs::read_to_string(&o.log).unwrap_or_default());
+    }
+
+    // What was left behind. Give exiting processes a moment to be reaped.
+    let mut leftovers = leftover_processes(&run_id);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !leftovers.is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+        leftovers = leftover_processes(&run_id);
+    }
+    let files: Vec<PathBuf> = results
+        .iter()
+        .flat_map(|o| leftover_files(&run_dir.join(&o.suite)))
+        .collect();
+
+    println!(
+        "\n{:<14} {:>6} {:>7} {:>7} {:>8} {:>8}",
+        "suite", "tests", "passed", "failed", "ignored", "seconds"
+    );
+    for o in &results {
+        println!(
+            "{:<14} {:>6} {:>7} {:>7} {:>8} {:>8.1}",
+            o.suite, o.tests, o.passed, o.failed, o.ignored, o.seconds
+        );
+    }
+    let sum = |f: fn(&Outcome) -> usize| results.iter().map(f).sum::<usize>();
+    println!(
+        "{:<14} {:>6} {:>7} {:>7} {:>8} {:>8.1}  (wall clock)",
+        "total",
+        sum(|o| o.tests),
+        sum(|o| o.passed),
+        sum(|o| o.failed),
+        sum(|o| o.ignored),
+        started.elapsed().as_secs_f64()
+    );
+
+    let mut ok = results.iter().all(|o| o.ok);
+    if leftovers.is_empty() {
+        println!("cleanup: no process of this run is left");
+    } else {
+        ok = false;
+        for (pid, cmd) in &leftovers {
+            println!("cleanup: LEFT BEHIND: process {pid}: {cmd}");
+            let _ = Command::new("kill")
+                .args(["-KILL", &pid.to_string()])
+                .status();
+        }
+    }
+    if files.is_empty() {
+        println!("cleanup: no temporary file or directory of this run is left");
+    } else {
+        ok = false;
+        for f in files.iter().take(20) {
+            println!("cleanup: LEFT BEHIND: {}", f.display());
+        }
+    }
+    // The logs of a passing run are not needed; a failing run keeps them.
+    if ok {
+        let _ = fs::remove_dir_all(&run_dir);
+    } else {
+        println!("integration: FAILED; logs kept in {}", run_dir.display());
+    }
+    if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}

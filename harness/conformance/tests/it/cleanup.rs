@@ -1,0 +1,183 @@
+//! Proof that a failing run leaves nothing behind: this test binary runs itself on a test that
+//! starts a MySQL server, `orbit-dev` and a `receiver-faults` consumer stopped at a barrier,
+//! and then fails (a panic) or is killed (SIGKILL). Afterwards none of those processes may be
+//! alive and, after a panic, the run's temporary directory must be empty; after a SIGKILL the
+//! next run's sweep must empty it.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use conformance::process::Consumer;
+use conformance::{OrbitDev, QUEUE};
+
+/// Where the doomed run writes the pids of what it started (set by the parent).
+const PIDS_VAR: &str = "CONFORMANCE_DOOMED_PIDS";
+/// `panic` or `hang` (the parent kills it).
+const MODE_VAR: &str = "CONFORMANCE_DOOMED_MODE";
+
+#[allow(clippy::disallowed_methods)] // the test's own switches, set by its parent
+fn var(name: &str) -> Option<String> {
+    std::env::var(name).ok()
+}
+
+/// Run only by the tests below, in a child process, where it must fail.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a deliberately failing run: started by the cleanup tests, which expect it to fail"]
+async fn doomed_run() {
+    let pids_file = PathBuf::from(var(PIDS_VAR).expect("run by the cleanup tests only"));
+    let orbit = OrbitDev::start(&[]).await;
+    orbit.init_receiver().await;
+    let client = orbit.client();
+    let sub = client
+        .create_subscription(QUEUE, &["task.cancelled"])
+        .await
+        .unwrap();
+    let mut env = orbit.receiver_env();
+    env.push(("ORBIT_SUBSCRIPTION_ID", sub.id));
+    let task = client.submit_task(QUEUE, None).await.unwrap();
+    client.cancel_task(&task.id).await.unwrap();
+    let mut consumer = Consumer::faulty(&env, "after_commit");
+    consumer
+        .wait_barrier("after_commit", Duration::from_secs(20))
+        .await;
+    let mut pids = vec![consumer.pid(), orbit.pid()];
+    pids.extend(testdb::Server::shared().unwrap().pid());
+    let list: Vec<String> = pids.iter().map(u32::to_string).collect();
+    std::fs::write(&pids_file, list.join("\n")).unwrap();
+    if var(MODE_VAR).as_deref() == Some("hang") {
+        std::future::pending::<()>().await;
+    }
+    panic!("deliberate failure, with a server, a platform and a consumer running");
+}
+
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        !stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with(['Z', 'X']))
+    })
+}
+
+/// Files (not empty directories) under `dir`.
+fn files_under(dir: &Path) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = e.path();
+        if path.is_dir() {
+            found.extend(files_under(&path));
+        } else {
+            found.push(path);
+        }
+    }
+    found
+}
+
+/// Starts the doomed run with its own TMPDIR; the child, that TMPDIR and the pids file.
+fn start_doomed(mode: &str) -> (std::process::Child, PathBuf, PathBuf) {
+    // Beside the scratch directory, not in it: a MySQL socket path must stay short.
+    let tmp = std::env::temp_dir().join(format!("doomed-{mode}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&tmp);
+    std::fs::create_dir_all(&tmp).unwrap();
+    let pids = testdb::scratch_dir()
+        .unwrap()
+        .join(format!("doomed-{mode}.pids"));
+    let child = Command::new(std::env::current_exe().unwrap())
+        .args(["cleanup::doomed_run", "--exact", "--ignored", "--nocapture"])
+        .env("TMPDIR", &tmp)
+        .env(PIDS_VAR, &pids)
+        .env(MODE_VAR, mode)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    (child, tmp, pids)
+}
+
+fn read_pids(file: &Path) -> Vec<u32> {
+    std::fs::read_to_string(file)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.parse().ok())
+        .collect()
+}
+
+/// Waits up to 10 s for every pid to be gone.
+fn assert_gone(pids: &[u32]) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while pids.iter().any(|p| alive(*p)) {
+        assert!(
+            Instant::now() < deadline,
+            "still running after the failed run: {:?}",
+            pids.iter().filter(|p| alive(**p)).collect::<Vec<_>>()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn a_panicking_run_leaves_no_process_and_no_temporary_file() {
+    let (child, tmp, pids_file) = start_doomed("panic");
+    let out = child.wait_with_output().unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!out.status.success(), "the doomed run passed: {text}");
+    assert!(text.contains("deliberate failure"), "{text}");
+    let pids = read_pids(&pids_file);
+    assert_eq!(pids.len(), 3, "server, platform, consumer: {text}");
+    assert_gone(&pids);
+    let left = files_under(&tmp);
+    assert!(left.is_empty(), "left behind: {left:?}");
+    let _ = std::fs::remove_dir_all(&tmp);
+}
+
+#[test]
+fn a_killed_run_leaves_no_process_and_the_next_run_sweeps_its_directories() {
+    let (mut child, tmp, pids_file) = start_doomed("hang");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let pids = loop {
+        let pids = read_pids(&pids_file);
+        if pids.len() == 3 {
+            break pids;
+        }
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the doomed run ended early"
+        );
+        assert!(
+            Instant::now() < deadline,
+            "the doomed run did not set up within 60 s"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    child.kill().unwrap();
+    child.wait().unwrap();
+    // PR_SET_PDEATHSIG takes the server, the platform and the consumer with it.
+    assert_gone(&pids);
+    assert!(
+        !files_under(&tmp).is_empty(),
+        "a killed run cannot clean up: its directories stay until the next run"
+    );
+    // The next run (here: a process that only asks for a scratch directory) sweeps them.
+    let sweep = Command::new(std::env::current_exe().unwrap())
+        .args(["cleanup::sweeper", "--exact", "--ignored"])
+        .env("TMPDIR", &tmp)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(sweep.status.success());
+    let left = files_under(&tmp);
+    assert!(left.is_empty(), "left behind after the sweep: {left:?}");
+    let _ = std::fs::remove_dir_all(&tmp);
+}
+
+/// Run only by the test above, in a child process: a next run's start-up sweep.
+#[test]
+#[ignore = "started by a_killed_run_leaves_no_process_and_the_next_run_sweeps_its_directories"]
+fn sweeper() {
+    testdb::scratch_dir().unwrap();
+}
