@@ -125,7 +125,7 @@ fn suites(bin: &Path) -> Result<BTreeMap<String, Vec<String>>, String> {
 /// be the captured output of a child test process).
 fn counts(log: &str) -> (usize, usize, usize) {
     let mut c = (0, 0, 0);
-    if let Some(line) = log.lines().filter(|l| l.starts_with("test result:")).last() {
+    if let Some(line) = log.lines().rfind(|l| l.starts_with("test result:")) {
         for part in line.split([';', '.']) {
             let mut w = part.split_whitespace();
             if let (Some(n), Some(what)) = (w.next(), w.next()) {
