@@ -356,7 +356,9 @@ async fn database_loss_acks_nothing_and_every_event_is_applied_once_when_it_is_b
     receiver::schema::init(&init).await.unwrap();
     receiver_db.grant_runtime().await.unwrap();
 
-    let orbit = OrbitDev::start(&["--lease-seconds", "2", "--max-attempts", "100"]).await;
+    // A lease longer than the apply's 5 s budget, so that an ACK after a failed apply would
+    // still be accepted: the test then sees it.
+    let orbit = OrbitDev::start(&["--lease-seconds", "8", "--max-attempts", "100"]).await;
     let client = orbit.client();
     let sub = client
         .create_subscription(QUEUE, &["task.cancelled"])
@@ -402,6 +404,8 @@ async fn database_loss_acks_nothing_and_every_event_is_applied_once_when_it_is_b
     )
     .await;
     assert!(consumer.try_wait().is_none(), "consume keeps running");
+    // An ACK, had one been sent, lands within milliseconds.
+    tokio::time::sleep(Duration::from_millis(500)).await;
     let during = client
         .list_deliveries(&sub.id, &Default::default())
         .await
