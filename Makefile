@@ -2,7 +2,7 @@
 CARGO ?= cargo
 
 .DEFAULT_GOAL := help
-.PHONY: help deps check build fault-build test unit integration demo bench bench-proxy
+.PHONY: help deps check build fault-build release test unit integration demo bench bench-proxy
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -21,12 +21,15 @@ check: ## Format, lint (warnings denied), build, and check the container backend
 build: ## Build every crate and binary
 	$(CARGO) build --workspace --bins
 
+release: ## The release receiver binary (target/release/receiver); the fault suite checks it has no barrier
+	$(CARGO) build --release -p receiver --bin receiver
+
 # Only `--bin receiver-faults`: building all of receiver's bins with the feature would put
 # barriers into target/debug/receiver, which the fault suite checks is free of them.
 fault-build: ## The test-only receiver-faults binary (the receiver with fault barriers)
 	$(CARGO) build -p receiver --features fault-barriers --bin receiver-faults
 
-test: deps build fault-build ## Every test: unit tests, then every real-server suite (as make integration)
+test: deps build fault-build release ## Every test: unit tests, then every real-server suite (as make integration)
 	$(CARGO) test --workspace --exclude conformance
 	$(CARGO) test -p conformance --lib --bins
 	$(CARGO) test -p conformance --doc
@@ -38,7 +41,7 @@ unit: ## Only the tests that need no server
 # Each suite (a module of harness/conformance/tests/it) in its own process with its own
 # temporary MySQL server, three at a time; a summary table; fails if anything is left behind.
 # INTEGRATION_ARGS passes options, e.g. INTEGRATION_ARGS="--only faults,storage".
-integration: deps build fault-build ## Every real-server suite in parallel, a summary table, a cleanup check (about 1-2 minutes)
+integration: deps build fault-build release ## Every real-server suite in parallel, a summary table, a cleanup check (about 1-2 minutes)
 	$(CARGO) run -q -p conformance --bin integration -- $(INTEGRATION_ARGS)
 
 demo: deps build ## The whole demo: temporary MySQL, orbit-dev, receiver init and demo

@@ -70,6 +70,22 @@ fn delivery_lines<'a>(output: &'a str, event_id: &str) -> Vec<&'a str> {
         .collect()
 }
 
+/// `target/release/receiver`, beside this test's `target/debug/`.
+fn release_receiver() -> std::path::PathBuf {
+    let debug = receiver_bin();
+    let release = debug
+        .parent()
+        .and_then(|d| d.parent())
+        .map(|t| t.join("release").join("receiver"))
+        .expect("target/<profile>/receiver");
+    assert!(
+        release.is_file(),
+        "{} is missing: `make release` builds it (make test and make integration do)",
+        release.display()
+    );
+    release
+}
+
 #[test]
 fn the_normal_receiver_binary_has_no_barrier_code_flag_or_variable() {
     // The same strings in the fault build show that the search can find them.
@@ -80,7 +96,6 @@ fn the_normal_receiver_binary_has_no_barrier_code_flag_or_variable() {
         b"after_ack_sent",
         b"5fault7barrier",
     ];
-    let normal = std::fs::read(receiver_bin()).unwrap();
     let faulty = std::fs::read(receiver_faults_bin()).unwrap();
     let contains = |hay: &[u8], needle: &[u8]| hay.windows(needle.len()).any(|w| w == needle);
     for needle in needles {
@@ -89,10 +104,17 @@ fn the_normal_receiver_binary_has_no_barrier_code_flag_or_variable() {
             contains(&faulty, needle),
             "the fault build should contain {n:?}"
         );
-        assert!(
-            !contains(&normal, needle),
-            "the normal receiver binary contains {n:?}"
-        );
+    }
+    for normal in [receiver_bin(), release_receiver()] {
+        let bytes = std::fs::read(&normal).unwrap();
+        for needle in needles {
+            assert!(
+                !contains(&bytes, needle),
+                "{} contains {:?}",
+                normal.display(),
+                String::from_utf8_lossy(needle)
+            );
+        }
     }
     // And it has no command, flag or variable that would turn barriers on.
     let help = std::process::Command::new(receiver_bin())
