@@ -187,6 +187,28 @@ impl EventSpec {
     }
 }
 
+/// The variable `make integration` marks every process of one run with; its leftover check
+/// finds processes by it.
+pub const RUN_MARKER: &str = "RESULT_INBOX_RUN";
+
+/// A command for `bin` with an empty environment, except the run marker (kept so that the
+/// leftover check still sees the process).
+pub fn bare_command(bin: &std::path::Path) -> std::process::Command {
+    let mut cmd = std::process::Command::new(bin);
+    cmd.env_clear();
+    #[allow(clippy::disallowed_methods)] // the harness's own marker
+    if let Some(marker) = std::env::var_os(RUN_MARKER) {
+        cmd.env(RUN_MARKER, marker);
+    }
+    cmd
+}
+
+/// Spawns `cmd` tied to this test process (it dies with it, see `testdb::spawn_tied`).
+pub fn spawn(cmd: std::process::Command) -> std::process::Child {
+    let program = cmd.get_program().to_string_lossy().into_owned();
+    testdb::spawn_tied(cmd).unwrap_or_else(|e| panic!("cannot start {program}: {e}"))
+}
+
 /// Waits up to `timeout` for `check` to hold, polling every 50 ms; panics naming `what`.
 pub async fn eventually<F, Fut>(timeout: std::time::Duration, what: &str, mut check: F)
 where

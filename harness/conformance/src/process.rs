@@ -9,7 +9,7 @@ use std::fs;
 use std::io::Write;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
+use std::process::{Child, ChildStdin, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -100,7 +100,7 @@ impl Consumer {
         let log = scratch_file("consume.log");
         let report = scratch_file("barriers");
         let out = fs::File::create(&log).expect("log file");
-        let mut cmd = Command::new(bin);
+        let mut cmd = crate::bare_command(bin);
         cmd.arg("consume")
             .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
             .stdin(Stdio::piped())
@@ -110,8 +110,7 @@ impl Consumer {
             cmd.env("RECEIVER_FAULT_BARRIERS", b)
                 .env("RECEIVER_FAULT_REPORT", &report);
         }
-        let mut child = testdb::spawn_tied(cmd)
-            .unwrap_or_else(|e| panic!("cannot start {}: {e}", bin.display()));
+        let mut child = crate::spawn(cmd);
         Consumer {
             stdin: child.stdin.take(),
             child: Some(child),

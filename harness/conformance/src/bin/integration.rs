@@ -18,8 +18,7 @@ use std::process::{Command, ExitCode, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// The variable that marks every process of one run.
-const RUN_VAR: &str = "RESULT_INBOX_RUN";
+use conformance::RUN_MARKER as RUN_VAR;
 
 /// One suite's result.
 #[derive(Debug, Clone)]

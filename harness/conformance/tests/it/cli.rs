@@ -1,14 +1,14 @@
 //! The real `receiver` binary: `init` and its refusals (R-SCHEMA-5, R-SCHEMA-6, R-CLI-5).
 
-use std::process::{Command, Output};
+use std::process::Output;
 use std::time::{Duration, Instant};
 
-use conformance::{receiver_bin, ReceiverDb};
+use conformance::{bare_command, receiver_bin, ReceiverDb};
 use sqlx::{Connection, Row};
 
 fn receiver(args: &[&str], env: &[(&str, &str)]) -> Output {
-    let mut cmd = Command::new(receiver_bin());
-    cmd.args(args).env_clear();
+    let mut cmd = bare_command(&receiver_bin());
+    cmd.args(args);
     for (k, v) in env {
         cmd.env(k, v);
     }

@@ -269,19 +269,18 @@ async fn delay_holds_a_reply_and_error_answers_any_statement() {
 #[tokio::test]
 async fn the_binary_is_driven_through_its_control_interface() {
     let rdb = ReceiverDb::new().await;
-    let mut child = Command::new(workspace_bin("commit-proxy"))
-        .args([
-            "--upstream",
-            rdb.db.address(),
-            "--listen",
-            "127.0.0.1:0",
-            "--control",
-            "127.0.0.1:0",
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut cmd = Command::new(workspace_bin("commit-proxy"));
+    cmd.args([
+        "--upstream",
+        rdb.db.address(),
+        "--listen",
+        "127.0.0.1:0",
+        "--control",
+        "127.0.0.1:0",
+    ])
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped());
+    let mut child = conformance::spawn(cmd);
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
     let listening = lines.next().unwrap().unwrap();
     let control = lines.next().unwrap().unwrap();

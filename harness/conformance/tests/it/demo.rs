@@ -5,16 +5,22 @@ use std::io::Read;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use conformance::{receiver_bin, OrbitDev, QUEUE};
+use conformance::{bare_command, receiver_bin, spawn, OrbitDev, QUEUE};
 use orbit_sdk::DeliveryFilter;
 use sqlx::{Connection, Executor, MySqlConnection, Row};
 
 fn receiver(args: &[&str], env: &[(&str, String)]) -> Command {
-    let mut cmd = Command::new(receiver_bin());
-    cmd.args(args).env_clear().stdin(Stdio::null());
+    let mut cmd = bare_command(&receiver_bin());
+    cmd.args(args).stdin(Stdio::null());
     for (k, v) in env {
         cmd.env(k, v);
     }
+    cmd
+}
+
+/// `cmd` with stdout and stderr piped.
+fn piped(mut cmd: Command) -> Command {
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
     cmd
 }
 
@@ -144,11 +150,7 @@ async fn another_programs_event_is_refused_and_the_demo_still_succeeds() {
             .unwrap()
             .try_get(0)
             .unwrap();
-        let demo = receiver(&["demo"], &orbit.receiver_env())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
+        let demo = spawn(piped(receiver(&["demo"], &orbit.receiver_env())));
         // As soon as the demo's subscription exists, the other program cancels its tasks.
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
@@ -279,6 +281,51 @@ fn sigterm(child: &Child) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consume_stopped_during_start_up_exits_cleanly() {
+    // A platform address that accepts connections and never answers: consume stays in start-up.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let orbit = OrbitDev::start(&[]).await;
+    let mut env: Vec<(&str, String)> = orbit
+        .receiver_env()
+        .into_iter()
+        .filter(|(k, _)| *k != "ORBIT_URL")
+        .collect();
+    env.push((
+        "ORBIT_URL",
+        format!("http://{}", silent.local_addr().unwrap()),
+    ));
+    env.push(("ORBIT_SUBSCRIPTION_ID", "0123456789abcdef0123456789abcdef".into()));
+    let mut consume = spawn(piped(receiver(&["consume"], &env)));
+    // Wait until its request arrives: then it is waiting for the subscription.
+    silent.set_nonblocking(true).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let accepted = loop {
+        if let Ok((c, _)) = silent.accept() {
+            break c;
+        }
+        if let Some(status) = consume.try_wait().unwrap() {
+            let out = consume.wait_with_output().unwrap();
+            panic!("consume exited ({status}): {}", text(&out.stderr));
+        }
+        assert!(
+            Instant::now() < deadline,
+            "consume never asked the platform"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    sigterm(&consume);
+    let started = Instant::now();
+    let out = tokio::task::spawn_blocking(move || consume.wait_with_output().unwrap())
+        .await
+        .unwrap();
+    drop(accepted);
+    assert!(started.elapsed() < Duration::from_secs(10));
+    let stderr = text(&out.stderr);
+    assert!(out.status.success(), "{}: {stderr}", out.status);
+    assert!(stderr.contains("stopped during start-up"), "{stderr}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn consume_stops_within_ten_seconds_while_a_handler_waits_on_a_row_lock() {
     let orbit = OrbitDev::start(&["--lease-seconds", "2"]).await;
     orbit.init_receiver().await;
@@ -315,11 +362,7 @@ async fn consume_stops_within_ten_seconds_while_a_handler_waits_on_a_row_lock() 
         .unwrap();
     client.cancel_task(&task.id).await.unwrap();
 
-    let mut consume = receiver(&["consume"], &env)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut consume = spawn(piped(receiver(&["consume"], &env)));
     // Wait until the handler sits in the view lock.
     let db = orbit.db.receiver_db.clone();
     let mut admin = MySqlConnection::connect(&orbit.db.admin_receiver_url())
@@ -376,11 +419,7 @@ async fn consume_stops_within_ten_seconds_while_a_handler_waits_on_a_row_lock() 
     blocker.execute("ROLLBACK").await.unwrap();
 
     // A new consumer gets the delivery again after its lease and applies it once.
-    let again = receiver(&["consume"], &env)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let again = spawn(piped(receiver(&["consume"], &env)));
     let deadline = Instant::now() + Duration::from_secs(20);
     let cancelled = loop {
         let d = client

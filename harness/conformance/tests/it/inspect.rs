@@ -2,9 +2,9 @@
 //! processes against real servers.
 
 use std::io::Write;
-use std::process::{Command, Output, Stdio};
+use std::process::{Output, Stdio};
 
-use conformance::{receiver_bin, EventSpec, OrbitDev, ReceiverDb, QUEUE};
+use conformance::{bare_command, receiver_bin, EventSpec, OrbitDev, ReceiverDb, QUEUE};
 use futures_util::{SinkExt, StreamExt};
 use receiver::Outcome;
 use serde_json::Value;
@@ -12,9 +12,8 @@ use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::Message;
 
 fn receiver(args: &[&str], env: &[(&str, String)], stdin: Option<&[u8]>) -> Output {
-    let mut child = Command::new(receiver_bin())
+    let mut child = bare_command(&receiver_bin())
         .args(args)
-        .env_clear()
         .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
