@@ -6,7 +6,8 @@
 //! `it <its tests> --exact` with its own `TMPDIR` under this run's directory and the variable
 //! `RESULT_INBOX_RUN=<run id>`, which every process it starts inherits. At the end no process
 //! may carry that variable and no suite directory may hold anything but empty directories;
-//! otherwise the run fails, naming what was left (and removes it).
+//! otherwise the run fails, naming what was left (and removes it). The suites' logs go to
+//! `target/integration-logs/`; a failed suite's log is also printed.
 //!
 //! Options: `--jobs N` (suites at once; default 3), `--only SUITE[,SUITE…]`, and after `--`
 //! arguments for every test process (e.g. `-- --include-ignored`).
@@ -147,11 +148,12 @@ fn run_suite(
     suite: &str,
     tests: &[String],
     run_dir: &Path,
+    log_dir: &Path,
     run_id: &str,
     extra: &[String],
 ) -> Outcome {
     let tmp = run_dir.join(suite);
-    let log = run_dir.join(format!("{suite}.log"));
+    let log = log_dir.join(format!("{suite}.log"));
     let started = Instant::now();
     let result = fs::create_dir_all(&tmp)
         .and_then(|()| fs::File::create(&log))
@@ -272,10 +274,19 @@ fn main() -> ExitCode {
     let run_id = format!("{}-{}", std::process::id(), started.elapsed().as_nanos());
     // Short: a MySQL socket path under it must stay within 107 bytes.
     let run_dir = std::env::temp_dir().join(format!("ri-it-{}", std::process::id()));
+    // Logs stay in the build directory (target/integration-logs), not in a temporary one.
+    let log_dir = bin
+        .ancestors()
+        .nth(3)
+        .map(|target| target.join("integration-logs"))
+        .unwrap_or_else(|| PathBuf::from("integration-logs"));
     let _ = fs::remove_dir_all(&run_dir);
-    if let Err(e) = fs::create_dir_all(&run_dir) {
-        eprintln!("integration: cannot create {}: {e}", run_dir.display());
-        return ExitCode::FAILURE;
+    let _ = fs::remove_dir_all(&log_dir);
+    for dir in [&run_dir, &log_dir] {
+        if let Err(e) = fs::create_dir_all(dir) {
+            eprintln!("integration: cannot create {}: {e}", dir.display());
+            return ExitCode::FAILURE;
+        }
     }
     // Longest suites first, so that the slow fault suite does not start last.
     let mut queue: Vec<(String, Vec<String>)> = all.into_iter().collect();
@@ -285,17 +296,18 @@ fn main() -> ExitCode {
         "integration: {} suites, {} at a time, each with its own temporary MySQL server; logs in {}",
         queue.len(),
         options.jobs,
-        run_dir.display()
+        log_dir.display()
     );
     let queue = Arc::new(Mutex::new(queue));
     let results = Arc::new(Mutex::new(Vec::new()));
     let workers: Vec<_> = (0..options.jobs)
         .map(|_| {
-            let (queue, results, bin, run_dir, run_id, extra) = (
+            let (queue, results, bin, run_dir, log_dir, run_id, extra) = (
                 queue.clone(),
                 results.clone(),
                 bin.clone(),
                 run_dir.clone(),
+                log_dir.clone(),
                 run_id.clone(),
                 options.extra.clone(),
             );
@@ -303,7 +315,7 @@ fn main() -> ExitCode {
                 let next = queue.lock().unwrap_or_else(|p| p.into_inner()).pop_front();
                 let Some((suite, tests)) = next else { break };
                 println!("integration: {suite}: running {} tests", tests.len());
-                let o = run_suite(&bin, &suite, &tests, &run_dir, &run_id, &extra);
+                let o = run_suite(&bin, &suite, &tests, &run_dir, &log_dir, &run_id, &extra);
                 println!(
                     "integration: {suite}: {} in {:.1} s",
                     if o.ok { "passed" } else { "FAILED" },
@@ -378,11 +390,10 @@ fn main() -> ExitCode {
             println!("cleanup: LEFT BEHIND: {}", f.display());
         }
     }
-    // The logs of a passing run are not needed; a failing run keeps them.
-    if ok {
-        let _ = fs::remove_dir_all(&run_dir);
-    } else {
-        println!("integration: FAILED; logs kept in {}", run_dir.display());
+    // The suites' temporary directories go, pass or fail; the logs stay in the build directory.
+    let _ = fs::remove_dir_all(&run_dir);
+    if !ok {
+        println!("integration: FAILED; logs in {}", log_dir.display());
     }
     if ok {
         ExitCode::SUCCESS

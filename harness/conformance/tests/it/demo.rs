@@ -294,7 +294,10 @@ async fn consume_stopped_during_start_up_exits_cleanly() {
         "ORBIT_URL",
         format!("http://{}", silent.local_addr().unwrap()),
     ));
-    env.push(("ORBIT_SUBSCRIPTION_ID", "0123456789abcdef0123456789abcdef".into()));
+    env.push((
+        "ORBIT_SUBSCRIPTION_ID",
+        "0123456789abcdef0123456789abcdef".into(),
+    ));
     let mut consume = spawn(piped(receiver(&["consume"], &env)));
     // Wait until its request arrives: then it is waiting for the subscription.
     silent.set_nonblocking(true).unwrap();
