@@ -209,6 +209,29 @@ pub fn spawn(cmd: std::process::Command) -> std::process::Child {
     testdb::spawn_tied(cmd).unwrap_or_else(|e| panic!("cannot start {program}: {e}"))
 }
 
+/// A platform started with `args` (see [`OrbitDev::start`]), the receiver's tables, a
+/// subscription to `types` on [`QUEUE`], and the environment `receiver consume` needs for it.
+pub async fn subscribed_receiver(
+    args: &[&str],
+    types: &[&str],
+) -> (
+    OrbitDev,
+    orbit_sdk::Client,
+    orbit_sdk::wire::Subscription,
+    Vec<(&'static str, String)>,
+) {
+    let orbit = OrbitDev::start(args).await;
+    orbit.init_receiver().await;
+    let client = orbit.client();
+    let sub = client
+        .create_subscription(QUEUE, types)
+        .await
+        .expect("subscription created");
+    let mut env = orbit.receiver_env();
+    env.push(("ORBIT_SUBSCRIPTION_ID", sub.id.clone()));
+    (orbit, client, sub, env)
+}
+
 /// Waits up to `timeout` for `check` to hold, polling every 50 ms; panics naming `what`.
 pub async fn eventually<F, Fut>(timeout: std::time::Duration, what: &str, mut check: F)
 where

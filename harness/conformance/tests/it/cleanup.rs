@@ -9,7 +9,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use conformance::process::Consumer;
-use conformance::{OrbitDev, QUEUE};
+use conformance::{subscribed_receiver, QUEUE};
 
 /// Where the doomed run writes the pids of what it started (set by the parent).
 const PIDS_VAR: &str = "CONFORMANCE_DOOMED_PIDS";
@@ -26,15 +26,7 @@ fn var(name: &str) -> Option<String> {
 #[ignore = "a deliberately failing run: started by the cleanup tests, which expect it to fail"]
 async fn doomed_run() {
     let pids_file = PathBuf::from(var(PIDS_VAR).expect("run by the cleanup tests only"));
-    let orbit = OrbitDev::start(&[]).await;
-    orbit.init_receiver().await;
-    let client = orbit.client();
-    let sub = client
-        .create_subscription(QUEUE, &["task.cancelled"])
-        .await
-        .unwrap();
-    let mut env = orbit.receiver_env();
-    env.push(("ORBIT_SUBSCRIPTION_ID", sub.id));
+    let (orbit, client, _, env) = subscribed_receiver(&[], &["task.cancelled"]).await;
     let task = client.submit_task(QUEUE, None).await.unwrap();
     client.cancel_task(&task.id).await.unwrap();
     let mut consumer = Consumer::faulty(&env, "after_commit");

@@ -6,26 +6,11 @@
 use std::time::{Duration, Instant};
 
 use conformance::process::{receiver_faults_bin, Consumer, BARRIERS};
-use conformance::{eventually, receiver_bin, OrbitDev, QUEUE};
-use orbit_sdk::wire::{DeliveryInfo, Subscription};
+use conformance::{eventually, receiver_bin, subscribed_receiver, OrbitDev, QUEUE};
+use orbit_sdk::wire::DeliveryInfo;
 use orbit_sdk::Client;
 use serde_json::json;
 use sqlx::{Connection, Executor, MySqlConnection};
-
-/// A platform started with `args`, the receiver's tables, a subscription to `types`, and the
-/// environment `receiver consume` needs for it.
-async fn consuming(
-    args: &[&str],
-    types: &[&str],
-) -> (OrbitDev, Client, Subscription, Vec<(&'static str, String)>) {
-    let orbit = OrbitDev::start(args).await;
-    orbit.init_receiver().await;
-    let client = orbit.client();
-    let sub = client.create_subscription(QUEUE, types).await.unwrap();
-    let mut env = orbit.receiver_env();
-    env.push(("ORBIT_SUBSCRIPTION_ID", sub.id.clone()));
-    (orbit, client, sub, env)
-}
 
 /// Submits and cancels a task: one `task.cancelled` event (version 2). The task id.
 async fn cancelled_task(client: &Client) -> String {
@@ -60,6 +45,21 @@ async fn delivery_reaches(
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// Waits until the subscription's deliveries are all ACKED (and, with `count`, that many).
+async fn all_acked(client: &Client, sub: &str, count: Option<usize>, within: Duration) {
+    eventually(within, "every delivery ACKED", || {
+        let (client, sub) = (client.clone(), sub.to_owned());
+        async move {
+            let d = client
+                .list_deliveries(&sub, &Default::default())
+                .await
+                .unwrap();
+            count.is_none_or(|n| d.len() == n) && d.iter().all(|d| d.state == "ACKED")
+        }
+    })
+    .await;
 }
 
 /// The lines of `output` that are this event's delivery log lines.
@@ -130,7 +130,7 @@ fn the_normal_receiver_binary_has_no_barrier_code_flag_or_variable() {
 /// process dedups and ACKs the same delivery (attempts 2), and the view advanced once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn r_fault_4_sigkill_after_commit_then_a_new_process_dedups_after_the_30s_lease() {
-    let (orbit, client, sub, env) = consuming(&[], &["task.cancelled"]).await;
+    let (orbit, client, sub, env) = subscribed_receiver(&[], &["task.cancelled"]).await;
     let task = cancelled_task(&client).await;
 
     let mut first = Consumer::faulty(&env, "after_commit");
@@ -186,7 +186,8 @@ async fn r_fault_4_sigkill_after_commit_then_a_new_process_dedups_after_the_30s_
 /// re-reports with the original proof and hears `already_acked`; attempts stay 1.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_ack_reply_is_re_reported_with_the_original_proof() {
-    let (orbit, client, sub, env) = consuming(&["--enable-fault-api"], &["task.cancelled"]).await;
+    let (orbit, client, sub, env) =
+        subscribed_receiver(&["--enable-fault-api"], &["task.cancelled"]).await;
     orbit.fault(json!({"fault": "drop-next-ack-reply"}));
     let task = cancelled_task(&client).await;
     let consumer = Consumer::normal(&env);
@@ -224,7 +225,7 @@ async fn a_lost_ack_reply_is_re_reported_with_the_original_proof() {
 /// it, before it could re-report: after the lease a new process dedups and ACKs (attempts 2).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_ack_and_a_killed_process_end_in_a_dedup_after_the_lease() {
-    let (orbit, client, sub, env) = consuming(
+    let (orbit, client, sub, env) = subscribed_receiver(
         &["--enable-fault-api", "--lease-seconds", "3"],
         &["task.cancelled"],
     )
@@ -276,7 +277,7 @@ async fn a_lost_ack_and_a_killed_process_end_in_a_dedup_after_the_lease() {
 /// management API delivers it again to the same consumer, and it is applied once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_poison_event_expires_in_the_window_and_is_applied_once_after_the_fix_and_more_budget() {
-    let (orbit, client, sub, env) = consuming(
+    let (orbit, client, sub, env) = subscribed_receiver(
         &[
             "--lease-seconds",
             "1",
@@ -397,18 +398,7 @@ async fn database_loss_acks_nothing_and_every_event_is_applied_once_when_it_is_b
     let mut consumer = Consumer::normal(&env);
 
     let before = cancelled_task(&client).await;
-    eventually(Duration::from_secs(20), "the first event's ACK", || {
-        let client = client.clone();
-        let sub = sub.id.clone();
-        async move {
-            let d = client
-                .list_deliveries(&sub, &Default::default())
-                .await
-                .unwrap();
-            d.iter().all(|d| d.state == "ACKED")
-        }
-    })
-    .await;
+    all_acked(&client, &sub.id, Some(1), Duration::from_secs(20)).await;
 
     assert!(server.kill(), "the server was running");
     let lost = [cancelled_task(&client).await, cancelled_task(&client).await];
@@ -439,18 +429,7 @@ async fn database_loss_acks_nothing_and_every_event_is_applied_once_when_it_is_b
     );
 
     server.restart().expect("the server starts again");
-    eventually(Duration::from_secs(40), "every delivery ACKED", || {
-        let client = client.clone();
-        let sub = sub.id.clone();
-        async move {
-            let d = client
-                .list_deliveries(&sub, &Default::default())
-                .await
-                .unwrap();
-            d.len() == 3 && d.iter().all(|d| d.state == "ACKED")
-        }
-    })
-    .await;
+    all_acked(&client, &sub.id, Some(3), Duration::from_secs(40)).await;
     let output = consumer.stop().await;
 
     let mut admin = MySqlConnection::connect(&receiver_db.admin_receiver_url())
@@ -622,7 +601,7 @@ async fn crash_loop_of_twenty_kills_loses_nothing_and_applies_nothing_twice() {
     let seed = crash_loop_seed();
     println!("crash-loop: seed={seed} (replay: CRASH_LOOP_SEED={seed} cargo test -p conformance --test it crash_loop)");
     let mut rng = Rng(seed);
-    let (orbit, client, sub, env) = consuming(
+    let (orbit, client, sub, env) = subscribed_receiver(
         &[
             "--lease-seconds",
             "1",
@@ -717,18 +696,7 @@ async fn crash_loop_of_twenty_kills_loses_nothing_and_applies_nothing_twice() {
 
     // One normal consumer drains everything.
     let last = Consumer::normal(&env);
-    eventually(Duration::from_secs(60), "every delivery ACKED", || {
-        let client = client.clone();
-        let sub = sub.id.clone();
-        async move {
-            let d = client
-                .list_deliveries(&sub, &Default::default())
-                .await
-                .unwrap();
-            d.iter().all(|d| d.state == "ACKED")
-        }
-    })
-    .await;
+    all_acked(&client, &sub.id, None, Duration::from_secs(60)).await;
     last.stop().await;
 
     assert_eq!(
