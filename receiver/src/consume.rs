@@ -76,6 +76,10 @@ pub async fn run(
     stop: impl Future<Output = &'static str>,
 ) -> Result<(), ConsumeError> {
     let mut stop = std::pin::pin!(stop);
+    tracing::info!(
+        subscription = %config.subscription,
+        "starting: reading the subscription from the platform and connecting to the receiver database"
+    );
     let (client, subscription, store) = tokio::select! {
         started = start(config) => started?,
         signal = &mut stop => {

@@ -202,8 +202,18 @@ impl Consumer {
     }
 
     /// SIGTERM, then waits (at most 10 s, the receiver's promise) for a successful exit; the
-    /// output.
+    /// output. Waits first (up to 20 s) for the `starting` line, which consume logs once it
+    /// handles signals: a SIGTERM before that ends any process by the signal's default action.
     pub async fn stop(mut self) -> String {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !self.output().contains("starting:") {
+            assert!(
+                Instant::now() < deadline && self.try_wait().is_none(),
+                "consume never logged that it started; its output:\n{}",
+                self.output()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
         self.signal(Signal::SIGTERM);
         let deadline = Instant::now() + Duration::from_secs(10);
         while self.try_wait().is_none() {

@@ -506,7 +506,7 @@ enum Kill {
     After(u64),
 }
 
-const TASKS: usize = 5;
+const TASKS: usize = 8;
 const KILLS: usize = 20;
 
 /// The seed: `CRASH_LOOP_SEED` to replay one, else a new one from the clock.
@@ -527,14 +527,16 @@ fn crash_loop_seed() -> u64 {
 
 /// One step of the event stream: move a task on (a new one, RUNNING, or a final state), or
 /// deliver an already emitted event once more (a duplicate, often older than the view).
+/// `fresh` asks for a new event where one is possible (a duplicate never reaches COMMIT).
 async fn produce(
     orbit: &OrbitDev,
     client: &Client,
     sub: &str,
     tasks: &mut Vec<String>,
     rng: &mut Rng,
+    fresh: bool,
 ) {
-    let duplicate = rng.below(3) == 0;
+    let duplicate = rng.below(3) == 0 && !fresh;
     if duplicate {
         let emitted: Vec<String> = client
             .list_deliveries(sub, &Default::default())
@@ -601,7 +603,7 @@ async fn produce(
 }
 
 /// The seeded crash loop: 20 SIGKILLs, 16 at the four barriers (4 each, on the first or second
-/// pass) and 4 at random times, in a seeded order, over a stream of events for five tasks with
+/// pass) and 4 at random times, in a seeded order, over a stream of events for up to eight tasks (and one held back) with
 /// duplicates and out-of-order versions, on 1-second leases. Then one normal consumer drains
 /// everything, and the receiver's tables must be exactly consistent with the platform.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -666,8 +668,14 @@ async fn crash_loop_of_twenty_kills_loses_nothing_and_applies_nothing_twice() {
     let mut tasks = Vec::new();
     let mut missed = Vec::new();
     for (round, kill) in plan.iter().enumerate() {
-        for _ in 0..1 + rng.below(3) {
-            produce(&orbit, &client, &sub.id, &mut tasks, &mut rng).await;
+        // Enough new events for a barrier armed at its second pass to be reached.
+        let extra = match kill {
+            Kill::At(_, hit) => *hit,
+            Kill::After(_) => 0,
+        };
+        for i in 0..1 + extra + rng.below(2) {
+            let fresh = matches!(kill, Kill::At("before_commit", hit) if i < *hit);
+            produce(&orbit, &client, &sub.id, &mut tasks, &mut rng, fresh).await;
         }
         match kill {
             Kill::At(point, hit) => {
@@ -682,7 +690,7 @@ async fn crash_loop_of_twenty_kills_loses_nothing_and_applies_nothing_twice() {
                     tokio::time::sleep(Duration::from_millis(20)).await;
                 }
                 if c.hits().is_empty() {
-                    missed.push(round);
+                    missed.push((round, kill.clone()));
                 }
                 c.sigkill();
             }
