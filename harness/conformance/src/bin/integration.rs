@@ -370,6 +370,13 @@ fn main() -> ExitCode {
         started.elapsed().as_secs_f64()
     );
 
+    // The crash loop's seed, for replaying it.
+    for o in &results {
+        let log = fs::read_to_string(&o.log).unwrap_or_default();
+        for line in log.lines().filter(|l| l.starts_with("crash-loop: seed=")) {
+            println!("{}", line.split("; plan").next().unwrap_or(line));
+        }
+    }
     let mut ok = results.iter().all(|o| o.ok);
     if leftovers.is_empty() {
         println!("cleanup: no process of this run is left");

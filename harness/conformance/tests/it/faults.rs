@@ -3,6 +3,7 @@
 //! at an exact point, killed with real signals; a real `orbit-dev` with real leases; real
 //! MySQL servers, one of them stopped and started again.
 
+use std::io::Write;
 use std::time::{Duration, Instant};
 
 use conformance::process::{receiver_faults_bin, Consumer, BARRIERS};
@@ -609,7 +610,11 @@ async fn produce(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn crash_loop_of_twenty_kills_loses_nothing_and_applies_nothing_twice() {
     let seed = crash_loop_seed();
-    println!("crash-loop: seed={seed} (replay: CRASH_LOOP_SEED={seed} cargo test -p conformance --test it crash_loop)");
+    // Straight to stderr, past the test harness's capture: the seed shows in every run's log.
+    let _ = writeln!(
+        std::io::stderr(),
+        "crash-loop: seed={seed} (replay: CRASH_LOOP_SEED={seed} cargo test -p conformance --test it crash_loop)"
+    );
     let mut rng = Rng(seed);
     let (orbit, client, sub, env) = subscribed_receiver(
         &[
@@ -701,7 +706,8 @@ async fn crash_loop_of_twenty_kills_loses_nothing_and_applies_nothing_twice() {
             }
         }
     }
-    println!(
+    let _ = writeln!(
+        std::io::stderr(),
         "crash-loop: seed={seed}: {KILLS} kills; barrier not reached in rounds {missed:?} (killed there at 6 s); plan {plan:?}"
     );
     assert!(
