@@ -272,6 +272,44 @@ async fn a_lost_ack_and_a_killed_process_end_in_a_dedup_after_the_lease() {
     );
 }
 
+/// The platform records the ACK, its reply is lost, and the process is killed before it could
+/// re-report: the delivery is ACKED (attempt 1) all the same, so it is never delivered again,
+/// and a new process has nothing to do; the view advanced once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_ack_reply_and_a_killed_process_leave_the_delivery_acked_once() {
+    let (orbit, client, sub, env) = subscribed_receiver(
+        &["--enable-fault-api", "--lease-seconds", "2"],
+        &["task.cancelled"],
+    )
+    .await;
+    orbit.fault(json!({"fault": "drop-next-ack-reply"}));
+    let task = cancelled_task(&client).await;
+    let mut first = Consumer::faulty(&env, "after_ack_sent");
+    let hit = first
+        .wait_barrier("after_ack_sent", Duration::from_secs(20))
+        .await;
+    let acked = delivery_reaches(&client, &hit.key, "ACKED", Duration::from_secs(10)).await;
+    first.sigkill();
+    assert_eq!(acked.attempts, 1);
+
+    // Well past the lease: nothing comes again.
+    let second = Consumer::normal(&env);
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let output = second.stop().await;
+    assert!(
+        delivery_lines(&output, &acked.event_id).is_empty(),
+        "{output}"
+    );
+    let after = client.get_delivery(&acked.id).await.unwrap();
+    assert_eq!((after.state.as_str(), after.attempts), ("ACKED", 1));
+    assert_eq!(orbit.deliveries_of(&sub.id, &acked.event_id).await.len(), 1);
+    assert_eq!(
+        orbit.view(&task).await,
+        Some((2, "CANCELLED".to_owned(), 1))
+    );
+    assert_eq!(orbit.inbox_rows(&acked.event_id).await, 1);
+}
+
 /// An event the receiver's database refuses (here: a trigger standing for a broken business
 /// rule on one task) is never ACKed; when its budget is spent it is EXPIRED and keeps its place
 /// in the window, so later deliveries wait; once the cause is fixed, budget added through the
