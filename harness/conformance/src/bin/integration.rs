@@ -34,6 +34,9 @@ struct Outcome {
     log: PathBuf,
 }
 
+const USAGE: &str =
+    "usage: integration [--jobs N] [--only SUITE[,SUITE…]] [-- ARGS FOR EVERY TEST PROCESS…]";
+
 struct Options {
     jobs: usize,
     only: Option<Vec<String>>,
@@ -63,11 +66,7 @@ fn parse_args() -> Result<Options, String> {
             "--" => {
                 o.extra = args.by_ref().collect();
             }
-            other => {
-                return Err(format!(
-                    "unknown argument {other:?}; see the top of src/bin/integration.rs"
-                ))
-            }
+            other => return Err(format!("unknown argument {other:?}; {USAGE}")),
         }
     }
     Ok(o)
@@ -242,6 +241,13 @@ fn leftover_files(dir: &Path) -> Vec<PathBuf> {
 }
 
 fn main() -> ExitCode {
+    if std::env::args()
+        .nth(1)
+        .is_some_and(|a| a == "--help" || a == "-h")
+    {
+        println!("{USAGE}");
+        return ExitCode::SUCCESS;
+    }
     let options = match parse_args() {
         Ok(o) => o,
         Err(e) => {
