@@ -10,7 +10,7 @@ help: ## List the targets
 deps: ## Install what a fresh machine lacks (Debian's mariadb-server when no mysqld/mariadbd)
 	@scripts/install-deps
 
-check: ## Format, lint (warnings denied), build, and check the container backend feature
+check: ## Format, lint (warnings denied; the fault build too), build, and check the container backend feature
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	$(CARGO) clippy -p receiver -p orbit-sdk --features receiver/fault-barriers --all-targets -- -D warnings

@@ -126,6 +126,36 @@ fn the_normal_receiver_binary_has_no_barrier_code_flag_or_variable() {
     assert!(!help.to_lowercase().contains("fault"), "{help}");
 }
 
+/// The barriers are where they say: held at before_commit, the inbox row and view are written
+/// but invisible to another connection and the delivery is not ACKed; released, the same
+/// process commits and ACKs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_process_held_before_commit_has_committed_nothing_and_goes_on_when_released() {
+    let (orbit, client, sub, env) = subscribed_receiver(&[], &["task.cancelled"]).await;
+    let task = cancelled_task(&client).await;
+    let mut consumer = Consumer::faulty(&env, "before_commit");
+    let hit = consumer
+        .wait_barrier("before_commit", Duration::from_secs(20))
+        .await;
+    assert_eq!(orbit.inbox_rows(&hit.key).await, 0, "uncommitted");
+    assert_eq!(orbit.view(&task).await, None, "uncommitted");
+    let held = only_delivery(&orbit, &sub.id, &hit.key).await;
+    assert_eq!(held.state, "LEASED");
+
+    consumer.release();
+    let acked = delivery_reaches(&client, &held.id, "ACKED", Duration::from_secs(10)).await;
+    assert_eq!(acked.attempts, 1);
+    assert_eq!(
+        orbit.view(&task).await,
+        Some((2, "CANCELLED".to_owned(), 1))
+    );
+    let output = consumer.stop().await;
+    assert!(
+        output.contains("TEST BUILD with fault barriers"),
+        "{output}"
+    );
+}
+
 /// R-FAULT-4, exactly: the business commit is proved from the database, the platform shows the
 /// delivery LEASED, attempt 1, not ACKed; SIGKILL; after the real 30-second lease a new
 /// process dedups and ACKs the same delivery (attempts 2), and the view advanced once.
