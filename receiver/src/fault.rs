@@ -108,6 +108,10 @@ pub fn announce() {
 
 /// Passes `point` for `key` (an event or delivery id); stops there if it is armed.
 pub async fn barrier(point: &'static str, key: &str) {
+    assert!(
+        POINTS.contains(&point),
+        "barrier {point:?} is not in POINTS"
+    );
     let plan = plan();
     let Some(stops) = plan.armed.get(point) else {
         return;

@@ -203,6 +203,21 @@ pub fn bare_command(bin: &std::path::Path) -> std::process::Command {
     cmd
 }
 
+/// Every file (anything but a directory) below `dir`: what a run left behind there. Empty
+/// directories do not count; a missing `dir` has none.
+pub fn files_under(dir: &std::path::Path) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if path.is_dir() && !path.is_symlink() {
+            found.extend(files_under(&path));
+        } else {
+            found.push(path);
+        }
+    }
+    found
+}
+
 /// Spawns `cmd` tied to this test process (it dies with it, see `testdb::spawn_tied`).
 pub fn spawn(cmd: std::process::Command) -> std::process::Child {
     let program = cmd.get_program().to_string_lossy().into_owned();

@@ -47,6 +47,11 @@ pub fn spawn_tied(cmd: std::process::Command) -> std::io::Result<std::process::C
     local::spawn_long_lived(cmd)
 }
 
+/// Whether `pid` is a live process; a zombie (ended, not yet reaped) counts as gone.
+pub fn process_alive(pid: u32) -> bool {
+    i32::try_from(pid).is_ok_and(local::process_alive)
+}
+
 /// A directory for this process's temporary files under the harness's root, removed when the
 /// process exits (also after failed tests), or by the next run's sweep if it was killed.
 pub fn scratch_dir() -> std::io::Result<std::path::PathBuf> {

@@ -188,15 +188,15 @@ fn run_suite(
 }
 
 /// Processes that still carry this run's marker: (pid, command line).
-fn leftover_processes(run_id: &str) -> Vec<(i32, String)> {
+fn leftover_processes(run_id: &str) -> Vec<(u32, String)> {
     let marker = format!("{RUN_VAR}={run_id}");
-    let me = std::process::id() as i32;
+    let me = std::process::id();
     let mut found = Vec::new();
     let Ok(entries) = fs::read_dir("/proc") else {
         return found;
     };
     for e in entries.flatten() {
-        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
             continue;
         };
         if pid == me {
@@ -209,33 +209,12 @@ fn leftover_processes(run_id: &str) -> Vec<(i32, String)> {
             continue;
         }
         // A zombie is dead; its parent has not reaped it yet.
-        let stat = fs::read_to_string(e.path().join("stat")).unwrap_or_default();
-        if stat
-            .rsplit_once(')')
-            .is_some_and(|(_, rest)| rest.trim_start().starts_with(['Z', 'X']))
-        {
+        if !testdb::process_alive(pid) {
             continue;
         }
         let cmdline = fs::read(e.path().join("cmdline")).unwrap_or_default();
         let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
         found.push((pid, cmdline.trim().to_owned()));
-    }
-    found
-}
-
-/// Files (not empty directories) under `dir`.
-fn leftover_files(dir: &Path) -> Vec<PathBuf> {
-    let mut found = Vec::new();
-    let Ok(entries) = fs::read_dir(dir) else {
-        return found;
-    };
-    for e in entries.flatten() {
-        let path = e.path();
-        if path.is_dir() && !path.is_symlink() {
-            found.extend(leftover_files(&path));
-        } else {
-            found.push(path);
-        }
     }
     found
 }
@@ -352,7 +331,7 @@ fn main() -> ExitCode {
     }
     let files: Vec<PathBuf> = results
         .iter()
-        .flat_map(|o| leftover_files(&run_dir.join(&o.suite)))
+        .flat_map(|o| conformance::files_under(&run_dir.join(&o.suite)))
         .collect();
 
     println!(

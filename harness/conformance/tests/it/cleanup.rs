@@ -9,7 +9,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use conformance::process::Consumer;
-use conformance::{subscribed_receiver, QUEUE};
+use conformance::{files_under, subscribed_receiver, QUEUE};
 
 /// Where the doomed run writes the pids of what it started (set by the parent).
 const PIDS_VAR: &str = "CONFORMANCE_DOOMED_PIDS";
@@ -41,28 +41,6 @@ async fn doomed_run() {
         std::future::pending::<()>().await;
     }
     panic!("deliberate failure, with a server, a platform and a consumer running");
-}
-
-fn alive(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
-        !stat
-            .rsplit_once(')')
-            .is_some_and(|(_, rest)| rest.trim_start().starts_with(['Z', 'X']))
-    })
-}
-
-/// Files (not empty directories) under `dir`.
-fn files_under(dir: &Path) -> Vec<PathBuf> {
-    let mut found = Vec::new();
-    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-        let path = e.path();
-        if path.is_dir() {
-            found.extend(files_under(&path));
-        } else {
-            found.push(path);
-        }
-    }
-    found
 }
 
 /// Starts the doomed run with its own TMPDIR; the child, that TMPDIR and the pids file.
@@ -98,11 +76,13 @@ fn read_pids(file: &Path) -> Vec<u32> {
 /// Waits up to 10 s for every pid to be gone.
 fn assert_gone(pids: &[u32]) {
     let deadline = Instant::now() + Duration::from_secs(10);
-    while pids.iter().any(|p| alive(*p)) {
+    while pids.iter().any(|p| testdb::process_alive(*p)) {
         assert!(
             Instant::now() < deadline,
             "still running after the failed run: {:?}",
-            pids.iter().filter(|p| alive(**p)).collect::<Vec<_>>()
+            pids.iter()
+                .filter(|p| testdb::process_alive(**p))
+                .collect::<Vec<_>>()
         );
         std::thread::sleep(Duration::from_millis(50));
     }
