@@ -76,6 +76,9 @@ pub async fn run(
     stop: impl Future<Output = &'static str>,
 ) -> Result<(), ConsumeError> {
     let mut stop = std::pin::pin!(stop);
+    // The fault build checks its barrier settings before anything connects.
+    #[cfg(feature = "fault-barriers")]
+    crate::fault::announce();
     tracing::info!(
         subscription = %config.subscription,
         "starting: reading the subscription from the platform and connecting to the receiver database"
@@ -93,10 +96,7 @@ pub async fn run(
         let (store, queue) = (store.clone(), queue.clone());
         let consumer = EventConsumer::new(client, subscription.id.clone()).concurrency(CONCURRENCY);
         #[cfg(feature = "fault-barriers")]
-        let consumer = {
-            crate::fault::announce();
-            consumer.after_ack_sent(crate::fault::ack_sent_hook())
-        };
+        let consumer = consumer.after_ack_sent(crate::fault::ack_sent_hook());
         consumer.start(move |d| {
             let (store, queue) = (store.clone(), queue.clone());
             async move {
