@@ -13,13 +13,14 @@ deps: ## Install what a fresh machine lacks (Debian's mariadb-server when no mys
 check: ## Format, lint (warnings denied; the fault build too), build, and check the container backend feature
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
-	$(CARGO) clippy -p receiver -p orbit-sdk --features receiver/fault-barriers --all-targets -- -D warnings
+	$(CARGO) clippy -p result-inbox -p receiver -p orbit-sdk --features receiver/fault-barriers --all-targets -- -D warnings
 	$(CARGO) build --workspace
 	$(CARGO) check -p testdb --features container
 	@! $(CARGO) tree -p orbit-sdk -e normal --prefix none | grep -Ei '^(sqlx|mysql)' || { echo "orbit-sdk must not depend on a database driver"; exit 1; }
+	@! $(CARGO) tree -p result-inbox -e normal --features fault-hooks --prefix none | grep -Ei '^(orbit-sdk|reqwest|hyper|h2|http|tungstenite|tokio-tungstenite|axum) ' || { echo "result-inbox (the core) must not depend on the SDK, an HTTP or a WebSocket crate"; exit 1; }
 
 build: ## Build every crate and binary
-	$(CARGO) build --workspace --bins
+	$(CARGO) build --workspace --bins --examples
 
 release: ## The release receiver binary (target/release/receiver); the fault suite checks it has no barrier
 	$(CARGO) build --release -p receiver --bin receiver
@@ -48,8 +49,8 @@ demo: deps build ## The whole demo: temporary MySQL, orbit-dev, receiver init an
 	$(CARGO) run -q -p conformance --bin demo
 
 bench: deps ## All benchmarks, quick mode (about three minutes): canonicalise, apply, proxy relay
-	$(CARGO) bench -p receiver --bench canonical
-	$(CARGO) bench -p receiver --bench apply
+	$(CARGO) bench -p result-inbox --bench canonical
+	$(CARGO) bench -p result-inbox --bench apply
 	$(CARGO) bench -p commit-proxy --bench relay
 
 bench-proxy: deps ## commit-proxy relay overhead: direct vs TCP forwarder vs proxy, one run

@@ -13,8 +13,8 @@ use orbit_sdk::{Client, ConsumerEvent, EventConsumer};
 
 use crate::config::ConsumeConfig;
 use crate::delivery::apply_raw;
-use crate::store::StoreOptions;
-use crate::Store;
+use result_inbox::Store;
+use result_inbox::StoreOptions;
 
 /// Handlers at once.
 pub const CONCURRENCY: usize = 4;
@@ -62,6 +62,8 @@ async fn start(
     }
     let options = StoreOptions {
         max_connections: CONCURRENCY as u32 + 1,
+        #[cfg(feature = "fault-barriers")]
+        barrier: Some(crate::fault::store_hook()),
         ..StoreOptions::default()
     };
     let store = Store::connect(&config.dsn, config.name.clone(), queue, options)

@@ -3,8 +3,8 @@
 
 use std::fmt;
 
-use crate::store::ApplyError;
-use crate::{Outcome, QueueId, Store, TaskEvent};
+use result_inbox::ApplyError;
+use result_inbox::{Outcome, QueueId, Store, TaskEvent};
 
 /// The stable name of what happened to a delivery.
 #[derive(Debug, Clone, PartialEq, Eq)]

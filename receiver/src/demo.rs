@@ -15,8 +15,8 @@ use orbit_sdk::{AckResult, Client, ConsumerEvent, DeliveryFilter, EventConsumer}
 
 use crate::config::DemoConfig;
 use crate::delivery::{apply, foreign, parse};
-use crate::store::StoreOptions;
-use crate::{Outcome, Store, TaskId};
+use result_inbox::StoreOptions;
+use result_inbox::{Outcome, Store, TaskId};
 
 /// The whole demo's time budget.
 pub const DEMO_TIMEOUT: Duration = Duration::from_secs(20);

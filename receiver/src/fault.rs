@@ -158,3 +158,13 @@ pub fn ack_sent_hook() -> orbit_sdk::consumer::AckSentHook {
         Box::pin(async move { barrier("after_ack_sent", &delivery_id).await })
     }))
 }
+
+/// The store's hook that runs the barriers inside the Apply transaction
+/// (`result_inbox::hooks::POINTS`).
+pub fn store_hook() -> result_inbox::hooks::BarrierHook {
+    result_inbox::hooks::BarrierHook(std::sync::Arc::new(
+        |point: &'static str, event_id: String| {
+            Box::pin(async move { barrier(point, &event_id).await })
+        },
+    ))
+}

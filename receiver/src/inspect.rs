@@ -10,10 +10,11 @@ use std::fmt::Write as _;
 use serde_json::json;
 use sqlx::{Connection, MySqlConnection, Row};
 
-use crate::canonical::{Digest, Document};
-use crate::config::Dsn;
-use crate::store::{connect_options, StorageError};
-use crate::{ConsumerName, EventId, QueueId, TaskEvent, TaskId};
+use result_inbox::canonical::{Digest, Document};
+use result_inbox::store::connect_options;
+use result_inbox::Dsn;
+use result_inbox::StorageError;
+use result_inbox::{ConsumerName, EventId, QueueId, TaskEvent, TaskId};
 
 /// What `receiver digest` prints: the canonical bytes and their SHA-256, or the rejection kind.
 pub fn digest(raw: &[u8], queue: Option<&QueueId>) -> Result<(Vec<u8>, Digest), &'static str> {

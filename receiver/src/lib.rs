@@ -1,32 +1,20 @@
-//! The result inbox: turn a delivered task event into one committed transaction in the
-//! receiver's own MySQL database, so that the SDK may ACK it.
+//! The receiver program: `init`, `demo`, `consume` and the operator tools, built on the
+//! [`result_inbox`] core (canonical form, events, the Apply transaction, schema) and the Orbit
+//! SDK (deliveries, ACKs).
 //!
-//! The flow runs one way, through these modules:
-//! [`canonical`] (strict JSON → canonical bytes + SHA-256) → [`event`] (a validated
-//! [`event::TaskEvent`]) → [`store`] (the Apply transaction: inbox row + task view, one READ
-//! COMMITTED transaction) → an [`store::Outcome`] the caller may ACK, or an
-//! [`store::ApplyError`] it must not. [`schema`] creates the two tables once; [`config`] reads
-//! the environment.
+//! The flow runs one way: the SDK hands a delivery's bytes to [`delivery`], which validates
+//! them and calls the core's `Store::apply`; the classification it returns decides whether
+//! the SDK may ACK. [`config`] reads the environment, once, for every command; [`consume`] and
+//! [`demo`] wire the SDK to the store; [`inspect`] reads, never writes.
 //!
-//! What this crate must never do: ACK anything (it does not know the platform), connect to the
-//! platform's database, print a result body, a password or a lease proof, or treat a COMMIT
-//! without an answer as a success.
+//! What this crate must never do: ACK an event whose transaction did not commit, print a
+//! token, a password, a result body or a lease proof, or read the environment outside
+//! [`config`].
 
-pub mod canonical;
 pub mod config;
 pub mod consume;
 pub mod delivery;
 pub mod demo;
-pub mod event;
 #[cfg(feature = "fault-barriers")]
 pub mod fault;
-pub mod identity;
 pub mod inspect;
-pub mod schema;
-pub mod store;
-mod timestamp;
-
-pub use canonical::{canonicalize, Digest};
-pub use event::{Rejection, TaskEvent, TaskState};
-pub use identity::{ConsumerName, EventId, QueueId, TaskId};
-pub use store::{ApplyError, BusinessWrite, Outcome, Store, StoreOptions};

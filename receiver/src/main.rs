@@ -166,7 +166,7 @@ fn init() -> ExitCode {
     };
     finish(
         "init",
-        runtime().block_on(receiver::schema::init(&config.dsn)),
+        runtime().block_on(result_inbox::schema::init(&config.dsn)),
     )
 }
 
@@ -241,7 +241,7 @@ fn digest(args: &[&str]) -> ExitCode {
     let mut it = args.iter();
     while let Some(a) = it.next() {
         match *a {
-            "--queue" => match it.next().map(|q| receiver::QueueId::new(*q)) {
+            "--queue" => match it.next().map(|q| result_inbox::QueueId::new(*q)) {
                 Some(Ok(q)) => queue = Some(q),
                 Some(Err(e)) => return usage("digest", &format!("--queue {e}")),
                 None => return usage("digest", "--queue needs a queue id"),
@@ -259,7 +259,7 @@ fn digest(args: &[&str]) -> ExitCode {
             use std::io::Read;
             let mut buf = Vec::new();
             std::io::stdin()
-                .take(receiver::canonical::MAX_EVENT_BYTES as u64 + 1)
+                .take(result_inbox::canonical::MAX_EVENT_BYTES as u64 + 1)
                 .read_to_end(&mut buf)
                 .map(|_| buf)
                 .map_err(|e| format!("cannot read stdin: {e}"))
@@ -302,9 +302,9 @@ fn inspect(args: &[&str]) -> ExitCode {
                     return usage("inspect", &format!("{a} needs an id"));
                 };
                 let t = if *a == "--event-id" {
-                    receiver::EventId::new(*v).map(Target::Event)
+                    result_inbox::EventId::new(*v).map(Target::Event)
                 } else {
-                    receiver::TaskId::new(*v).map(Target::Task)
+                    result_inbox::TaskId::new(*v).map(Target::Task)
                 };
                 match t {
                     Ok(t) if target.is_none() => target = Some(t),

@@ -7,16 +7,16 @@ use std::path::PathBuf;
 
 pub mod process;
 
-use receiver::config::Dsn;
-use receiver::store::StoreOptions;
-use receiver::{ConsumerName, QueueId, Store, TaskEvent};
+use result_inbox::store::StoreOptions;
+use result_inbox::Dsn;
+use result_inbox::{ConsumerName, QueueId, Store, TaskEvent};
 use sqlx::{Connection, MySqlConnection};
 use testdb::{Provisioned, Server};
 
 /// The queue the suite's events come from unless a test says otherwise.
 pub const QUEUE: &str = "inbox-demo";
 
-/// A receiver database with its schema created by `receiver::schema::init` (as the init
+/// A receiver database with its schema created by `result_inbox::schema::init` (as the init
 /// account) and the runtime grants applied, on the process's shared server.
 #[derive(Debug)]
 pub struct ReceiverDb {
@@ -28,7 +28,7 @@ impl ReceiverDb {
     pub async fn new() -> ReceiverDb {
         let db = Self::provisioned().await;
         let dsn = Dsn::parse(&db.init_url()).expect("testdb makes valid URLs");
-        let report = receiver::schema::init(&dsn)
+        let report = result_inbox::schema::init(&dsn)
             .await
             .unwrap_or_else(|e| panic!("receiver init failed: {e}"));
         assert_eq!(report.foreign_keys, 0);
@@ -263,21 +263,39 @@ where
     }
 }
 
-/// A binary of this workspace built beside this test binary (`target/<profile>/<name>`).
-pub fn workspace_bin(name: &str) -> PathBuf {
+/// `target/<profile>`, where the binaries of this workspace sit beside this test binary.
+fn profile_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("test binary path");
     // A test binary lives in target/<profile>/deps/, a harness binary in target/<profile>/.
     let mut dir = exe.parent().expect("target/<profile>/…");
     if dir.file_name().is_some_and(|n| n == "deps") {
         dir = dir.parent().expect("target/<profile>");
     }
-    let bin = dir.join(name);
+    dir.to_path_buf()
+}
+
+/// `path` under `target/<profile>`, which must exist: `build` says how to make it.
+fn built(path: &str, build: &str) -> PathBuf {
+    let bin = profile_dir().join(path);
     assert!(
         bin.is_file(),
-        "{} is missing: build it first with `cargo build --workspace --bins` (`make integration` does)",
+        "{} is missing: build it first with `{build}` (`make build` does)",
         bin.display()
     );
     bin
+}
+
+/// A binary of this workspace (`target/<profile>/<name>`).
+pub fn workspace_bin(name: &str) -> PathBuf {
+    built(name, "cargo build --workspace --bins")
+}
+
+/// An example of this workspace (`target/<profile>/examples/<name>`).
+pub fn workspace_example(name: &str) -> PathBuf {
+    built(
+        &format!("examples/{name}"),
+        "cargo build --workspace --examples",
+    )
 }
 
 /// The `receiver` binary.
@@ -456,7 +474,7 @@ impl OrbitDev {
     /// Creates the receiver's tables (as the init account) and grants the runtime account.
     pub async fn init_receiver(&self) {
         let dsn = Dsn::parse(&self.db.init_url()).expect("testdb makes valid URLs");
-        receiver::schema::init(&dsn)
+        result_inbox::schema::init(&dsn)
             .await
             .unwrap_or_else(|e| panic!("receiver init failed: {e}"));
         self.db.grant_runtime().await.expect("runtime grants apply");

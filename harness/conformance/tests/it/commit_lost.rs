@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use commit_proxy::{Action, RuleSpec};
 use conformance::{EventSpec, ReceiverDb};
-use receiver::store::StorageKind;
-use receiver::{ApplyError, Outcome, TaskId};
+use result_inbox::StorageKind;
+use result_inbox::{ApplyError, Outcome, TaskId};
 
 /// A receiver database, a proxy in front of its server, a store connected through the proxy,
 /// and a `task.cancelled` event to apply.
@@ -18,8 +18,8 @@ async fn behind_proxy(
 ) -> (
     ReceiverDb,
     commit_proxy::Proxy,
-    receiver::Store,
-    receiver::TaskEvent,
+    result_inbox::Store,
+    result_inbox::TaskEvent,
 ) {
     let rdb = ReceiverDb::new().await;
     let proxy = rdb.proxy().await;

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use commit_proxy::{Action, On, Proxy, RuleSpec};
 use conformance::{http_json, workspace_bin, EventSpec, ReceiverDb};
-use receiver::{ApplyError, Outcome};
+use result_inbox::{ApplyError, Outcome};
 use serde_json::json;
 use sqlx::{Connection, Executor, MySqlConnection, Row};
 
@@ -203,7 +203,7 @@ async fn a_twenty_mib_statement_and_reply_relay_intact() {
     let length: i64 = row.try_get(0).unwrap();
     assert_eq!(length, size as i64);
     let via: String = row.try_get(1).unwrap();
-    assert_eq!(via, receiver::Digest::of(text.as_bytes()).to_hex());
+    assert_eq!(via, result_inbox::Digest::of(text.as_bytes()).to_hex());
     let big: String = row.try_get(2).unwrap();
     assert_eq!(big.len(), size);
     assert!(big

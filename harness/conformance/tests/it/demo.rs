@@ -75,7 +75,7 @@ async fn assert_no_secrets(orbit: &OrbitDev, output: &str, secrets: &[&str]) {
     let hashes = proof_hashes(orbit).await;
     for word in output.split(|c: char| !c.is_ascii_hexdigit()) {
         if word.len() == 64 {
-            let h = receiver::Digest::of(word.as_bytes()).0.to_vec();
+            let h = result_inbox::Digest::of(word.as_bytes()).0.to_vec();
             assert!(!hashes.contains(&h), "a lease proof was printed");
         }
     }
@@ -358,7 +358,7 @@ async fn consume_stops_within_ten_seconds_while_a_handler_waits_on_a_row_lock() 
         .await
         .unwrap();
     blocker.execute("BEGIN").await.unwrap();
-    sqlx::query(receiver::store::CREATE_VIEW)
+    sqlx::query(result_inbox::store::CREATE_VIEW)
         .bind("task-result-view")
         .bind(QUEUE)
         .bind(task.id.as_str())

@@ -452,8 +452,8 @@ async fn database_loss_acks_nothing_and_every_event_is_applied_once_when_it_is_b
     // The receiver's database on a server of its own, so that stopping it harms no other test.
     let server = testdb::Server::local().expect("a local server");
     let receiver_db = server.provision().await.expect("provisioned");
-    let init = receiver::config::Dsn::parse(&receiver_db.init_url()).unwrap();
-    receiver::schema::init(&init).await.unwrap();
+    let init = result_inbox::Dsn::parse(&receiver_db.init_url()).unwrap();
+    result_inbox::schema::init(&init).await.unwrap();
     receiver_db.grant_runtime().await.unwrap();
 
     // A lease longer than the apply's 5 s budget, so that an ACK after a failed apply would

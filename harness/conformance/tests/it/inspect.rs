@@ -6,7 +6,7 @@ use std::process::{Output, Stdio};
 
 use conformance::{bare_command, receiver_bin, EventSpec, OrbitDev, ReceiverDb, QUEUE};
 use futures_util::{SinkExt, StreamExt};
-use receiver::Outcome;
+use result_inbox::Outcome;
 use serde_json::Value;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::Message;
@@ -58,7 +58,7 @@ const TIMES: &[&str] = &[
 #[test]
 fn digest_agrees_with_every_canonical_vector() {
     let doc: Value = serde_json::from_str(include_str!(
-        "../../../../receiver/tests/vectors/canonical-v1.json"
+        "../../../../inbox/tests/vectors/canonical-v1.json"
     ))
     .unwrap();
     for v in doc["vectors"].as_array().unwrap() {

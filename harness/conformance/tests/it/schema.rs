@@ -118,7 +118,7 @@ async fn two_tables_seventeen_columns_chinese_comments_no_foreign_keys() {
 #[test]
 fn the_chinese_model_describes_the_same_seventeen_fields() {
     let model = include_str!("../../../../schema/model.zh.md");
-    let ddl = receiver::schema::SCHEMA_SQL;
+    let ddl = result_inbox::schema::SCHEMA_SQL;
     let mut fields = 0;
     for line in ddl.lines() {
         let line = line.trim_start();

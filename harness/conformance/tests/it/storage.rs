@@ -5,8 +5,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use conformance::{EventSpec, ReceiverDb};
-use receiver::store::{Conflict, Receipt, StorageKind, WriteFuture};
-use receiver::{ApplyError, BusinessWrite, Outcome, QueueId, TaskEvent, TaskId};
+use result_inbox::{ApplyError, BusinessWrite, Outcome, QueueId, TaskEvent, TaskId};
+use result_inbox::{Conflict, Receipt, StorageKind, WriteFuture};
 use sqlx::{Connection, Executor, MySqlConnection, Row};
 
 /// View rows still carrying the in-transaction placeholder version.
@@ -284,7 +284,7 @@ async fn the_transaction_is_read_committed_in_utc() {
 async fn competitor(rdb: &ReceiverDb, event: &TaskEvent) -> MySqlConnection {
     let mut conn = rdb.admin().await;
     conn.execute("BEGIN").await.unwrap();
-    sqlx::query(receiver::store::INSERT_INBOX)
+    sqlx::query(result_inbox::store::INSERT_INBOX)
         .bind("task-result-view")
         .bind(conformance::QUEUE)
         .bind(event.id().as_str())
@@ -325,7 +325,7 @@ async fn blocked_inserts(rdb: &ReceiverDb, n: i64) {
 /// `appliers` concurrent applies of `ours`, started while a rival transaction holds the
 /// uncommitted inbox row of `theirs` (same identity), and seen blocked on it.
 struct Race {
-    store: Arc<receiver::Store>,
+    store: Arc<result_inbox::Store>,
     rival: MySqlConnection,
     applies: Vec<tokio::task::JoinHandle<Result<Outcome, ApplyError>>>,
 }
@@ -575,16 +575,16 @@ async fn exactly_512_kib_is_stored_and_one_byte_more_is_refused() {
     let queue = QueueId::new(conformance::QUEUE).unwrap();
     let spec = EventSpec::succeeded("evt-big", "task-big", 1, "\"PAD\"");
     let base = spec.json();
-    let pad = receiver::canonical::MAX_EVENT_BYTES - base.len() + 5;
+    let pad = result_inbox::canonical::MAX_EVENT_BYTES - base.len() + 5;
     let full = base.replace("\"PAD\"", &format!("\"{}\"", "x".repeat(pad - 2)));
-    assert_eq!(full.len(), receiver::canonical::MAX_EVENT_BYTES);
+    assert_eq!(full.len(), result_inbox::canonical::MAX_EVENT_BYTES);
     let event = TaskEvent::parse(full.as_bytes(), &queue).unwrap();
     assert_eq!(store.apply(&event).await.unwrap(), Outcome::Applied);
     let record = store.inbox_record(event.id()).await.unwrap().unwrap();
     assert_eq!(record.canonical, event.canonical());
 
     let over = full.replacen(' ', "  ", 1);
-    assert_eq!(over.len(), receiver::canonical::MAX_EVENT_BYTES + 1);
+    assert_eq!(over.len(), result_inbox::canonical::MAX_EVENT_BYTES + 1);
     let refused = TaskEvent::parse(over.as_bytes(), &queue).unwrap_err();
     assert_eq!(refused.kind(), "too_large");
 }
@@ -642,11 +642,11 @@ async fn the_runtime_account_cannot_delete_create_or_read_the_platform() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_apply_past_its_time_budget_fails_without_committing() {
     let rdb = ReceiverDb::new().await;
-    let store = receiver::Store::connect(
+    let store = result_inbox::Store::connect(
         &rdb.runtime_dsn(),
-        receiver::ConsumerName::default(),
+        result_inbox::ConsumerName::default(),
         QueueId::new(conformance::QUEUE).unwrap(),
-        receiver::StoreOptions {
+        result_inbox::StoreOptions {
             max_connections: 4,
             apply_timeout: Duration::from_millis(300),
         },
@@ -676,6 +676,88 @@ async fn an_apply_past_its_time_budget_fails_without_committing() {
             .unwrap()
             .unwrap()
             .applied_events,
+        1
+    );
+}
+
+/// The example of embedding the core (`inbox/examples/embed.rs`), run as a user would: its own
+/// table written in the same transaction as the inbox row and the view.
+#[tokio::test]
+async fn the_embedding_example_writes_its_own_row_in_the_apply_transaction() {
+    let rdb = ReceiverDb::new().await;
+    let mut admin = rdb.admin().await;
+    admin
+        .execute(
+            "CREATE TABLE customer_notices (task_id VARBINARY(128) NOT NULL, \
+             task_version BIGINT UNSIGNED NOT NULL, state VARCHAR(32) NOT NULL, \
+             PRIMARY KEY (task_id, task_version)) ENGINE=InnoDB",
+        )
+        .await
+        .unwrap();
+    admin
+        .execute(
+            format!(
+                "GRANT SELECT, INSERT ON `{}`.customer_notices TO '{}'@'%'",
+                rdb.db.receiver_db, rdb.db.runtime.user
+            )
+            .as_str(),
+        )
+        .await
+        .unwrap();
+    // A notice for version 3 exists already, so the example's write for v3 fails (1062 on its
+    // own table): the inbox row and the view change of v3 must roll back with it.
+    admin
+        .execute("INSERT INTO customer_notices VALUES ('task-e', 3, 'CANCELLED')")
+        .await
+        .unwrap();
+    let lines = [
+        EventSpec::cancelled("evt-e1", "task-e", 1).json(),
+        EventSpec::cancelled("evt-e1", "task-e", 1).json(),
+        EventSpec::cancelled("evt-e3", "task-e", 3).json(),
+        EventSpec::cancelled("evt-e0", "task-e", 0).json(),
+    ]
+    .map(|j| j.replace('\n', " "))
+    .join("\n");
+    let mut cmd = conformance::bare_command(&conformance::workspace_example("embed"));
+    cmd.arg(rdb.db.runtime_url())
+        .arg(conformance::QUEUE)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let mut child = conformance::spawn(cmd);
+    {
+        use std::io::Write;
+        let mut stdin = child.stdin.take().unwrap();
+        stdin.write_all(lines.as_bytes()).unwrap();
+    }
+    let out = tokio::task::spawn_blocking(move || child.wait_with_output().unwrap())
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        stdout.lines().collect::<Vec<_>>(),
+        [
+            "event=evt-e1 outcome=applied",
+            "event=evt-e1 outcome=duplicate",
+            "event=evt-e3 error=write_failed",
+            "event=- error=rejected:invalid_version",
+        ]
+    );
+    // One notice of the example's (v1) beside the one put there; v3 left nothing.
+    assert_eq!(
+        rdb.scalar("SELECT COUNT(*) FROM customer_notices WHERE task_version = 1")
+            .await,
+        1
+    );
+    assert_eq!(rdb.inbox_counts().await, (1, 1));
+    assert_eq!(
+        rdb.scalar("SELECT CAST(task_version AS SIGNED) FROM receiver_task_views")
+            .await,
         1
     );
 }

@@ -50,12 +50,14 @@ use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use sqlx::mysql::{MySqlConnectOptions, MySqlDatabaseError, MySqlPoolOptions};
+use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
 use sqlx::pool::PoolConnection;
 use sqlx::{Executor, MySql, MySqlConnection, MySqlPool, Row};
 
 use crate::canonical::Digest;
-use crate::config::Dsn;
+use crate::dsn::Dsn;
+use crate::error::{mysql_number, ER_DUP_ENTRY};
+pub use crate::error::{ApplyError, Conflict, StorageError, StorageKind, WriteError};
 use crate::event::{Rejection, TaskEvent};
 use crate::identity::{ConsumerName, EventId, QueueId, TaskId};
 
@@ -102,10 +104,6 @@ pub const READ_VIEW: &str = "SELECT task_version, last_event_id, last_state, las
      applied_events, created_at, updated_at FROM receiver_task_views \
      WHERE consumer_name = ? AND queue_id = ? AND task_id = ?";
 
-const ER_DUP_ENTRY: u16 = 1062;
-const ER_LOCK_WAIT_TIMEOUT: u16 = 1205;
-const ER_LOCK_DEADLOCK: u16 = 1213;
-
 /// What an apply did. Every variant is a success: the event is safely recorded and may be
 /// ACKed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -127,232 +125,6 @@ impl Outcome {
             Outcome::Stale => "stale",
             Outcome::Duplicate { .. } => "duplicate",
         }
-    }
-}
-
-/// Which conflict: the platform sent something that contradicts what is already recorded.
-/// Redelivery will not fix it; a person must look at the source.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Conflict {
-    /// Same consumer, queue and event id, different canonical content.
-    DigestMismatch { stored: Digest, delivered: Digest },
-    /// Same task and version as the view's, but another event id.
-    SameVersionOtherEvent {
-        version: u64,
-        recorded_event: String,
-    },
-}
-
-impl Conflict {
-    /// The stable lowercase name.
-    pub fn kind(&self) -> &'static str {
-        match self {
-            Conflict::DigestMismatch { .. } => "digest_mismatch",
-            Conflict::SameVersionOtherEvent { .. } => "same_version_other_event",
-        }
-    }
-}
-
-impl fmt::Display for Conflict {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Conflict::DigestMismatch { stored, delivered } => write!(
-                f,
-                "digest_mismatch: the event id is already recorded with other content (stored sha256 {stored}, delivered {delivered})"
-            ),
-            Conflict::SameVersionOtherEvent {
-                version,
-                recorded_event,
-            } => write!(
-                f,
-                "same_version_other_event: version {version} of this task was already applied by event {recorded_event}"
-            ),
-        }
-    }
-}
-
-/// A database failure, described without the server's message text (which can quote data)
-/// and without the DSN.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StorageError {
-    kind: StorageKind,
-    number: Option<u16>,
-    sqlstate: Option<String>,
-}
-
-/// The kinds of storage failure a caller acts on differently.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum StorageKind {
-    /// 1213: retry the whole transaction.
-    Deadlock,
-    /// 1205: retry the whole transaction.
-    LockWaitTimeout,
-    /// The server could not be reached, or the connection broke before COMMIT was sent.
-    Unavailable,
-    /// The receiver's tables are missing (run `receiver init`).
-    SchemaMissing,
-    /// The server refused the account's user name and password (1045).
-    AccessDenied,
-    /// The account lacks a privilege it needs.
-    PermissionDenied,
-    /// Any other error the server reported.
-    Server,
-    /// The server answered something the store did not expect.
-    Unexpected(&'static str),
-}
-
-impl StorageError {
-    fn unexpected(what: &'static str) -> Self {
-        StorageError {
-            kind: StorageKind::Unexpected(what),
-            number: None,
-            sqlstate: None,
-        }
-    }
-
-    /// Classifies a driver error. Only the error number and SQLSTATE are kept.
-    pub fn from_sqlx(e: &sqlx::Error) -> Self {
-        let mut number = None;
-        let mut sqlstate = None;
-        let kind = match e {
-            sqlx::Error::Database(db) => {
-                sqlstate = db.code().map(|c| c.into_owned());
-                number = db
-                    .try_downcast_ref::<MySqlDatabaseError>()
-                    .map(MySqlDatabaseError::number);
-                match number {
-                    Some(ER_LOCK_DEADLOCK) => StorageKind::Deadlock,
-                    Some(ER_LOCK_WAIT_TIMEOUT) => StorageKind::LockWaitTimeout,
-                    Some(1146) => StorageKind::SchemaMissing,
-                    Some(1045) => StorageKind::AccessDenied,
-                    Some(1044 | 1142 | 1143 | 1227) => StorageKind::PermissionDenied,
-                    // Too many connections, server shutting down, connection killed.
-                    Some(1040 | 1053 | 1077 | 1927 | 4031) => StorageKind::Unavailable,
-                    _ => StorageKind::Server,
-                }
-            }
-            sqlx::Error::Io(_)
-            | sqlx::Error::Tls(_)
-            | sqlx::Error::PoolTimedOut
-            | sqlx::Error::PoolClosed
-            | sqlx::Error::WorkerCrashed => StorageKind::Unavailable,
-            sqlx::Error::Protocol(_) => StorageKind::Unexpected("protocol error"),
-            sqlx::Error::Configuration(_) => StorageKind::Unexpected("invalid connection options"),
-            sqlx::Error::RowNotFound => StorageKind::Unexpected("row not found"),
-            sqlx::Error::ColumnDecode { .. } | sqlx::Error::Decode(_) => {
-                StorageKind::Unexpected("a column did not decode")
-            }
-            _ => StorageKind::Unexpected("driver error"),
-        };
-        StorageError {
-            kind,
-            number,
-            sqlstate,
-        }
-    }
-
-    /// What kind of failure.
-    pub fn kind(&self) -> StorageKind {
-        self.kind
-    }
-
-    /// The MySQL error number, when the server sent one.
-    pub fn number(&self) -> Option<u16> {
-        self.number
-    }
-
-    /// Whether running the same apply again can succeed without anyone changing anything.
-    pub fn is_retryable(&self) -> bool {
-        matches!(
-            self.kind,
-            StorageKind::Deadlock | StorageKind::LockWaitTimeout | StorageKind::Unavailable
-        )
-    }
-}
-
-impl fmt::Display for StorageError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let what = match self.kind {
-            StorageKind::Deadlock => "deadlock, retryable",
-            StorageKind::LockWaitTimeout => "lock wait timeout, retryable",
-            StorageKind::Unavailable => "database unavailable, retryable",
-            StorageKind::SchemaMissing => {
-                "receiver tables missing: run `receiver init` against this database"
-            }
-            StorageKind::AccessDenied => {
-                "access denied: the server refused the DSN's user name or password"
-            }
-            StorageKind::PermissionDenied => {
-                "permission denied: see schema/grants.sql for what the account needs"
-            }
-            StorageKind::Server => "server error",
-            StorageKind::Unexpected(what) => what,
-        };
-        f.write_str(what)?;
-        match (self.number, &self.sqlstate) {
-            (Some(n), Some(s)) => write!(f, " (mysql {n}, SQLSTATE {s})"),
-            (Some(n), None) => write!(f, " (mysql {n})"),
-            _ => Ok(()),
-        }
-    }
-}
-
-impl std::error::Error for StorageError {}
-
-/// The error a caller's write returns.
-pub type WriteError = Box<dyn std::error::Error + Send + Sync>;
-
-/// Why an apply did not succeed. None of these may be ACKed.
-#[derive(Debug, thiserror::Error)]
-pub enum ApplyError {
-    /// The event is invalid for this receiver; nothing touched the database.
-    #[error("rejected: {0}")]
-    Rejected(Rejection),
-    /// The event contradicts what is recorded; nothing changed.
-    #[error("conflict: {0}")]
-    Conflict(Conflict),
-    /// COMMIT was sent and no answer came. The data may or may not be committed; applying the
-    /// same event again finds out (duplicate if it was, applied afresh if not).
-    #[error("commit_unconfirmed: COMMIT was sent but its outcome is unknown; apply the event again to resolve it")]
-    CommitUnconfirmed,
-    /// The apply ran out of its time budget before COMMIT was sent; nothing was committed.
-    #[error("timeout: the apply did not finish within {0:?}; nothing was committed")]
-    Timeout(Duration),
-    /// The database failed; nothing was committed.
-    #[error("storage_error: {0}")]
-    Storage(StorageError),
-    /// The caller's own write failed; the whole transaction was rolled back.
-    #[error("write_failed: the caller's write failed, everything was rolled back: {0}")]
-    Write(WriteError),
-}
-
-impl ApplyError {
-    /// The stable lowercase name: `rejected`, `conflict`, `commit_unconfirmed`, `timeout`,
-    /// `storage_error` or `write_failed`.
-    pub fn kind(&self) -> &'static str {
-        match self {
-            ApplyError::Rejected(_) => "rejected",
-            ApplyError::Conflict(_) => "conflict",
-            ApplyError::CommitUnconfirmed => "commit_unconfirmed",
-            ApplyError::Timeout(_) => "timeout",
-            ApplyError::Storage(_) => "storage_error",
-            ApplyError::Write(_) => "write_failed",
-        }
-    }
-
-    /// Whether applying the same event again may succeed (as a redelivery would).
-    pub fn is_retryable(&self) -> bool {
-        match self {
-            ApplyError::Rejected(_) | ApplyError::Conflict(_) => false,
-            ApplyError::CommitUnconfirmed | ApplyError::Timeout(_) | ApplyError::Write(_) => true,
-            ApplyError::Storage(e) => e.is_retryable(),
-        }
-    }
-}
-
-impl From<sqlx::Error> for ApplyError {
-    fn from(e: sqlx::Error) -> Self {
-        ApplyError::Storage(StorageError::from_sqlx(&e))
     }
 }
 
@@ -396,6 +168,9 @@ pub struct StoreOptions {
     pub max_connections: u32,
     /// The time budget of one apply.
     pub apply_timeout: Duration,
+    /// Test builds only: awaited at [`crate::hooks::POINTS`].
+    #[cfg(feature = "fault-hooks")]
+    pub barrier: Option<crate::hooks::BarrierHook>,
 }
 
 impl Default for StoreOptions {
@@ -403,6 +178,8 @@ impl Default for StoreOptions {
         StoreOptions {
             max_connections: 8,
             apply_timeout: APPLY_TIMEOUT,
+            #[cfg(feature = "fault-hooks")]
+            barrier: None,
         }
     }
 }
@@ -433,6 +210,8 @@ pub struct Store {
     consumer: ConsumerName,
     queue: QueueId,
     apply_timeout: Duration,
+    #[cfg(feature = "fault-hooks")]
+    barrier: Option<crate::hooks::BarrierHook>,
 }
 
 /// Names only: the pool's connection options hold the password.
@@ -480,6 +259,8 @@ impl Store {
             consumer,
             queue,
             apply_timeout: options.apply_timeout,
+            #[cfg(feature = "fault-hooks")]
+            barrier: options.barrier,
         };
         // Fail at start, not at the first event, when `init` was never run.
         sqlx::query("SELECT 1 FROM receiver_inbox JOIN receiver_task_views LIMIT 0")
@@ -583,8 +364,8 @@ impl Store {
         let task = event.task().as_str().as_bytes();
 
         conn.execute("BEGIN").await?;
-        #[cfg(feature = "fault-barriers")]
-        crate::fault::barrier("before_insert", event.id().as_str()).await;
+        #[cfg(feature = "fault-hooks")]
+        self.barrier("before_insert", event).await;
         let inserted = sqlx::query(INSERT_INBOX)
             .bind(consumer)
             .bind(queue)
@@ -661,8 +442,8 @@ impl Store {
             .await
             .map_err(ApplyError::Write)?;
 
-        #[cfg(feature = "fault-barriers")]
-        crate::fault::barrier("before_commit", event.id().as_str()).await;
+        #[cfg(feature = "fault-hooks")]
+        self.barrier("before_commit", event).await;
         commit_sent.store(true, Ordering::SeqCst);
         match conn.execute("COMMIT").await {
             Ok(_) => Ok(Step::Committed(outcome)),
@@ -670,6 +451,13 @@ impl Store {
             Err(e @ sqlx::Error::Database(_)) => Err(e.into()),
             // No answer: the outcome is unknown.
             Err(_) => Err(ApplyError::CommitUnconfirmed),
+        }
+    }
+
+    #[cfg(feature = "fault-hooks")]
+    async fn barrier(&self, point: &'static str, event: &TaskEvent) {
+        if let Some(hook) = &self.barrier {
+            (hook.0)(point, event.id().to_string()).await;
         }
     }
 
@@ -826,13 +614,4 @@ fn digest_column(row: &sqlx::mysql::MySqlRow, index: usize) -> Result<Digest, Ap
         ApplyError::Storage(StorageError::unexpected("a stored digest is not 32 bytes"))
     })?;
     Ok(Digest(bytes))
-}
-
-fn mysql_number(e: &sqlx::Error) -> Option<u16> {
-    match e {
-        sqlx::Error::Database(db) => db
-            .try_downcast_ref::<MySqlDatabaseError>()
-            .map(MySqlDatabaseError::number),
-        _ => None,
-    }
 }

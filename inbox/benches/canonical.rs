@@ -12,7 +12,7 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, Criterion, Throughput};
-use receiver::QueueId;
+use result_inbox::QueueId;
 
 /// A task event of about `target` bytes.
 fn event(target: usize) -> Vec<u8> {
@@ -41,7 +41,7 @@ fn event(target: usize) -> Vec<u8> {
         items.join(",")
     );
     assert!(
-        body.len() <= receiver::canonical::MAX_EVENT_BYTES,
+        body.len() <= result_inbox::canonical::MAX_EVENT_BYTES,
         "{}",
         body.len()
     );
@@ -49,7 +49,7 @@ fn event(target: usize) -> Vec<u8> {
 }
 
 fn ours(raw: &[u8], queue: &QueueId) {
-    let e = receiver::TaskEvent::parse(raw, queue).expect("a valid event");
+    let e = result_inbox::TaskEvent::parse(raw, queue).expect("a valid event");
     black_box(e.digest());
 }
 

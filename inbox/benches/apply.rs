@@ -12,8 +12,8 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use receiver::config::Dsn;
-use receiver::{ApplyError, ConsumerName, Outcome, QueueId, Store, StoreOptions, TaskEvent};
+use result_inbox::Dsn;
+use result_inbox::{ApplyError, ConsumerName, Outcome, QueueId, Store, StoreOptions, TaskEvent};
 use sqlx::mysql::MySqlPoolOptions;
 use sqlx::{Executor, MySqlPool, Row};
 
@@ -92,7 +92,7 @@ fn main() {
         .unwrap();
     rt.block_on(async move {
         let db = server.provision().await.unwrap();
-        receiver::schema::init(&Dsn::parse(&db.init_url()).unwrap()).await.unwrap();
+        result_inbox::schema::init(&Dsn::parse(&db.init_url()).unwrap()).await.unwrap();
         db.grant_runtime().await.unwrap();
         let admin: MySqlPool = MySqlPoolOptions::new()
             .max_connections(20)
@@ -219,7 +219,7 @@ fn main() {
                 applied += 1;
             }
         }
-        let view = store.view(&receiver::TaskId::new("t-hot").unwrap()).await.unwrap().unwrap();
+        let view = store.view(&result_inbox::TaskId::new("t-hot").unwrap()).await.unwrap().unwrap();
         assert_eq!(view.task_version, 16);
         assert_eq!(view.applied_events, applied);
         println!(

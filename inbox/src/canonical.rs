@@ -4,7 +4,7 @@
 //! This is the first step of the flow: raw bytes off the wire become either a [`Document`]
 //! whose canonical bytes are what the inbox stores and hashes, or a typed [`CanonError`]. The
 //! form is written down for other implementations in `docs/canonical-json.md`; the vectors in
-//! `receiver/tests/vectors/canonical-v1.json` are the contract, and the unit tests read them.
+//! `inbox/tests/vectors/canonical-v1.json` are the contract, and the unit tests read them.
 //!
 //! In short: RFC 8785 (JCS) key order and string escaping, but numbers are kept as their exact
 //! input text, the top-level `occurred_at` is normalised to UTC, and the input profile is

@@ -8,7 +8,7 @@ use std::fmt;
 
 use sqlx::{Connection, Executor, MySqlConnection, Row};
 
-use crate::config::Dsn;
+use crate::dsn::Dsn;
 use crate::store::{connect_options, StorageError};
 
 /// The initial DDL, version 1: `schema/schema.sql`.

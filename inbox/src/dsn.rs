@@ -1,0 +1,176 @@
+//! The receiver database's address: a MySQL URL that names its database, checked before
+//! anything connects, and never printed with its password.
+
+use std::fmt;
+
+/// A MySQL connection URL that names its database. Its password is never printed: `Display`
+/// and `Debug` show `mysql://user@host:port/database`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Dsn {
+    url: String,
+    user: String,
+    host: String,
+    database: String,
+    query: String,
+}
+
+/// Why a DSN was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DsnError {
+    #[error("must start with mysql:// (or mariadb://)")]
+    Scheme,
+    #[error("has no host")]
+    NoHost,
+    #[error("names no database: use mysql://user:password@host:port/<database>")]
+    NoDatabase,
+    #[error("has a malformed database name")]
+    BadDatabase,
+    #[error("points at {0}, which is not loopback, without TLS: add ?ssl-mode=VERIFY_IDENTITY (or REQUIRED)")]
+    NoTls(String),
+}
+
+impl Dsn {
+    /// Parses `url`. The database must be named explicitly: the receiver's tables belong in
+    /// its own dedicated database, never in whatever a server picks by default.
+    pub fn parse(url: &str) -> Result<Self, DsnError> {
+        let rest = url
+            .strip_prefix("mysql://")
+            .or_else(|| url.strip_prefix("mariadb://"))
+            .ok_or(DsnError::Scheme)?;
+        let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+        let authority = &rest[..authority_end];
+        let (userinfo, host) = match authority.rfind('@') {
+            Some(at) => (&authority[..at], &authority[at + 1..]),
+            None => ("", authority),
+        };
+        if host.is_empty() {
+            return Err(DsnError::NoHost);
+        }
+        let user = userinfo.split(':').next().unwrap_or("").to_owned();
+        let after = &rest[authority_end..];
+        let path = after
+            .strip_prefix('/')
+            .map(|p| &p[..p.find(['?', '#']).unwrap_or(p.len())])
+            .unwrap_or("");
+        if path.is_empty() {
+            return Err(DsnError::NoDatabase);
+        }
+        if path.contains('/') || path.chars().any(char::is_control) {
+            return Err(DsnError::BadDatabase);
+        }
+        let query = after
+            .split_once('?')
+            .map(|(_, q)| q)
+            .unwrap_or("")
+            .to_owned();
+        let dsn = Dsn {
+            url: url.to_owned(),
+            user,
+            host: host.to_owned(),
+            database: path.to_owned(),
+            query,
+        };
+        if !dsn.is_loopback() && !dsn.requires_tls() {
+            return Err(DsnError::NoTls(dsn.host_name().to_owned()));
+        }
+        Ok(dsn)
+    }
+
+    /// The host without its port.
+    fn host_name(&self) -> &str {
+        if self.host.starts_with('[') {
+            self.host.split(']').next().map(|h| &h[1..]).unwrap_or("")
+        } else {
+            self.host.split(':').next().unwrap_or("")
+        }
+    }
+
+    fn is_loopback(&self) -> bool {
+        let h = self.host_name();
+        h.eq_ignore_ascii_case("localhost")
+            || h.parse::<std::net::IpAddr>()
+                .is_ok_and(|ip| ip.is_loopback())
+    }
+
+    /// Whether the URL asks for a verified or required TLS connection.
+    fn requires_tls(&self) -> bool {
+        self.query.split('&').any(|kv| {
+            let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+            k.eq_ignore_ascii_case("ssl-mode")
+                && matches!(
+                    v.to_ascii_uppercase().as_str(),
+                    "REQUIRED" | "VERIFY_CA" | "VERIFY_IDENTITY"
+                )
+        })
+    }
+
+    /// The database the DSN names.
+    pub fn database(&self) -> &str {
+        &self.database
+    }
+
+    /// The full URL, password included: for the driver only, never for output.
+    pub fn expose_url(&self) -> &str {
+        &self.url
+    }
+}
+
+impl fmt::Display for Dsn {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.user.is_empty() {
+            write!(f, "mysql://{}/{}", self.host, self.database)
+        } else {
+            write!(f, "mysql://{}@{}/{}", self.user, self.host, self.database)
+        }
+    }
+}
+
+impl fmt::Debug for Dsn {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Dsn({self})")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dsn_needs_a_database() {
+        for url in [
+            "mysql://u:p@127.0.0.1:3306",
+            "mysql://u:p@127.0.0.1:3306/",
+            "mysql://u:p@127.0.0.1:3306/?ssl-mode=disabled",
+        ] {
+            assert_eq!(Dsn::parse(url), Err(DsnError::NoDatabase), "{url}");
+        }
+        assert_eq!(Dsn::parse("postgres://x/y"), Err(DsnError::Scheme));
+        assert_eq!(
+            Dsn::parse("mysql://u:p@db.internal:3306/r"),
+            Err(DsnError::NoTls("db.internal".into()))
+        );
+        assert!(Dsn::parse("mysql://u:p@db.internal:3306/r?ssl-mode=VERIFY_IDENTITY").is_ok());
+        assert!(Dsn::parse("mysql://u:p@db.internal:3306/r?ssl-mode=disabled").is_err());
+        assert!(Dsn::parse("mysql://u:p@[::1]:3306/r").is_ok());
+        assert!(Dsn::parse("mysql://u:p@localhost/r").is_ok());
+        assert_eq!(Dsn::parse("mysql:///db"), Err(DsnError::NoHost));
+        assert_eq!(
+            Dsn::parse("mysql://h/a/b"),
+            Err(DsnError::BadDatabase),
+            "a path with two segments"
+        );
+        let dsn = Dsn::parse("mysql://u:s3cret@127.0.0.1:3306/orbit_receiver?x=1").unwrap();
+        assert_eq!(dsn.database(), "orbit_receiver");
+    }
+
+    #[test]
+    fn dsn_never_shows_its_password() {
+        let dsn = Dsn::parse("mysql://u:s3cret@db.internal:3306/orbit_receiver?ssl-mode=REQUIRED")
+            .unwrap();
+        assert_eq!(dsn.to_string(), "mysql://u@db.internal:3306/orbit_receiver");
+        assert!(!format!("{dsn:?}").contains("s3cret"));
+        // A password holding '@' still splits at the last one.
+        let dsn = Dsn::parse("mysql://u:p@ss@127.0.0.1:1/d").unwrap();
+        assert_eq!(dsn.to_string(), "mysql://u@127.0.0.1:1/d");
+    }
+}

@@ -1,0 +1,252 @@
+//! Why an apply did not succeed: the errors a caller matches, each with a stable lowercase
+//! `kind()` for log lines and tests. A database failure is described by its error number,
+//! SQLSTATE and our own words, never by the server's message text (which can quote data) and
+//! never with the DSN.
+
+use std::fmt;
+use std::time::Duration;
+
+use sqlx::mysql::MySqlDatabaseError;
+
+use crate::canonical::Digest;
+use crate::event::Rejection;
+
+pub(crate) const ER_DUP_ENTRY: u16 = 1062;
+pub(crate) const ER_LOCK_WAIT_TIMEOUT: u16 = 1205;
+pub(crate) const ER_LOCK_DEADLOCK: u16 = 1213;
+
+/// Which conflict: the platform sent something that contradicts what is already recorded.
+/// Redelivery will not fix it; a person must look at the source.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Conflict {
+    /// Same consumer, queue and event id, different canonical content.
+    DigestMismatch { stored: Digest, delivered: Digest },
+    /// Same task and version as the view's, but another event id.
+    SameVersionOtherEvent {
+        version: u64,
+        recorded_event: String,
+    },
+}
+
+impl Conflict {
+    /// The stable lowercase name.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Conflict::DigestMismatch { .. } => "digest_mismatch",
+            Conflict::SameVersionOtherEvent { .. } => "same_version_other_event",
+        }
+    }
+}
+
+impl fmt::Display for Conflict {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Conflict::DigestMismatch { stored, delivered } => write!(
+                f,
+                "digest_mismatch: the event id is already recorded with other content (stored sha256 {stored}, delivered {delivered})"
+            ),
+            Conflict::SameVersionOtherEvent {
+                version,
+                recorded_event,
+            } => write!(
+                f,
+                "same_version_other_event: version {version} of this task was already applied by event {recorded_event}"
+            ),
+        }
+    }
+}
+
+/// A database failure, described without the server's message text (which can quote data)
+/// and without the DSN.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StorageError {
+    kind: StorageKind,
+    number: Option<u16>,
+    sqlstate: Option<String>,
+}
+
+/// The kinds of storage failure a caller acts on differently.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum StorageKind {
+    /// 1213: retry the whole transaction.
+    Deadlock,
+    /// 1205: retry the whole transaction.
+    LockWaitTimeout,
+    /// The server could not be reached, or the connection broke before COMMIT was sent.
+    Unavailable,
+    /// The receiver's tables are missing (run `receiver init`).
+    SchemaMissing,
+    /// The server refused the account's user name and password (1045).
+    AccessDenied,
+    /// The account lacks a privilege it needs.
+    PermissionDenied,
+    /// Any other error the server reported.
+    Server,
+    /// The server answered something the store did not expect.
+    Unexpected(&'static str),
+}
+
+impl StorageError {
+    pub(crate) fn unexpected(what: &'static str) -> Self {
+        StorageError {
+            kind: StorageKind::Unexpected(what),
+            number: None,
+            sqlstate: None,
+        }
+    }
+
+    /// Classifies a driver error. Only the error number and SQLSTATE are kept.
+    pub fn from_sqlx(e: &sqlx::Error) -> Self {
+        let mut number = None;
+        let mut sqlstate = None;
+        let kind = match e {
+            sqlx::Error::Database(db) => {
+                sqlstate = db.code().map(|c| c.into_owned());
+                number = db
+                    .try_downcast_ref::<MySqlDatabaseError>()
+                    .map(MySqlDatabaseError::number);
+                match number {
+                    Some(ER_LOCK_DEADLOCK) => StorageKind::Deadlock,
+                    Some(ER_LOCK_WAIT_TIMEOUT) => StorageKind::LockWaitTimeout,
+                    Some(1146) => StorageKind::SchemaMissing,
+                    Some(1045) => StorageKind::AccessDenied,
+                    Some(1044 | 1142 | 1143 | 1227) => StorageKind::PermissionDenied,
+                    // Too many connections, server shutting down, connection killed.
+                    Some(1040 | 1053 | 1077 | 1927 | 4031) => StorageKind::Unavailable,
+                    _ => StorageKind::Server,
+                }
+            }
+            sqlx::Error::Io(_)
+            | sqlx::Error::Tls(_)
+            | sqlx::Error::PoolTimedOut
+            | sqlx::Error::PoolClosed
+            | sqlx::Error::WorkerCrashed => StorageKind::Unavailable,
+            sqlx::Error::Protocol(_) => StorageKind::Unexpected("protocol error"),
+            sqlx::Error::Configuration(_) => StorageKind::Unexpected("invalid connection options"),
+            sqlx::Error::RowNotFound => StorageKind::Unexpected("row not found"),
+            sqlx::Error::ColumnDecode { .. } | sqlx::Error::Decode(_) => {
+                StorageKind::Unexpected("a column did not decode")
+            }
+            _ => StorageKind::Unexpected("driver error"),
+        };
+        StorageError {
+            kind,
+            number,
+            sqlstate,
+        }
+    }
+
+    /// What kind of failure.
+    pub fn kind(&self) -> StorageKind {
+        self.kind
+    }
+
+    /// The MySQL error number, when the server sent one.
+    pub fn number(&self) -> Option<u16> {
+        self.number
+    }
+
+    /// Whether running the same apply again can succeed without anyone changing anything.
+    pub fn is_retryable(&self) -> bool {
+        matches!(
+            self.kind,
+            StorageKind::Deadlock | StorageKind::LockWaitTimeout | StorageKind::Unavailable
+        )
+    }
+}
+
+impl fmt::Display for StorageError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let what = match self.kind {
+            StorageKind::Deadlock => "deadlock, retryable",
+            StorageKind::LockWaitTimeout => "lock wait timeout, retryable",
+            StorageKind::Unavailable => "database unavailable, retryable",
+            StorageKind::SchemaMissing => {
+                "receiver tables missing: run `receiver init` against this database"
+            }
+            StorageKind::AccessDenied => {
+                "access denied: the server refused the DSN's user name or password"
+            }
+            StorageKind::PermissionDenied => {
+                "permission denied: see schema/grants.sql for what the account needs"
+            }
+            StorageKind::Server => "server error",
+            StorageKind::Unexpected(what) => what,
+        };
+        f.write_str(what)?;
+        match (self.number, &self.sqlstate) {
+            (Some(n), Some(s)) => write!(f, " (mysql {n}, SQLSTATE {s})"),
+            (Some(n), None) => write!(f, " (mysql {n})"),
+            _ => Ok(()),
+        }
+    }
+}
+
+impl std::error::Error for StorageError {}
+
+/// The error a caller's write returns.
+pub type WriteError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Why an apply did not succeed. None of these may be ACKed.
+#[derive(Debug, thiserror::Error)]
+pub enum ApplyError {
+    /// The event is invalid for this receiver; nothing touched the database.
+    #[error("rejected: {0}")]
+    Rejected(Rejection),
+    /// The event contradicts what is recorded; nothing changed.
+    #[error("conflict: {0}")]
+    Conflict(Conflict),
+    /// COMMIT was sent and no answer came. The data may or may not be committed; applying the
+    /// same event again finds out (duplicate if it was, applied afresh if not).
+    #[error("commit_unconfirmed: COMMIT was sent but its outcome is unknown; apply the event again to resolve it")]
+    CommitUnconfirmed,
+    /// The apply ran out of its time budget before COMMIT was sent; nothing was committed.
+    #[error("timeout: the apply did not finish within {0:?}; nothing was committed")]
+    Timeout(Duration),
+    /// The database failed; nothing was committed.
+    #[error("storage_error: {0}")]
+    Storage(StorageError),
+    /// The caller's own write failed; the whole transaction was rolled back.
+    #[error("write_failed: the caller's write failed, everything was rolled back: {0}")]
+    Write(WriteError),
+}
+
+impl ApplyError {
+    /// The stable lowercase name: `rejected`, `conflict`, `commit_unconfirmed`, `timeout`,
+    /// `storage_error` or `write_failed`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ApplyError::Rejected(_) => "rejected",
+            ApplyError::Conflict(_) => "conflict",
+            ApplyError::CommitUnconfirmed => "commit_unconfirmed",
+            ApplyError::Timeout(_) => "timeout",
+            ApplyError::Storage(_) => "storage_error",
+            ApplyError::Write(_) => "write_failed",
+        }
+    }
+
+    /// Whether applying the same event again may succeed (as a redelivery would).
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            ApplyError::Rejected(_) | ApplyError::Conflict(_) => false,
+            ApplyError::CommitUnconfirmed | ApplyError::Timeout(_) | ApplyError::Write(_) => true,
+            ApplyError::Storage(e) => e.is_retryable(),
+        }
+    }
+}
+
+impl From<sqlx::Error> for ApplyError {
+    fn from(e: sqlx::Error) -> Self {
+        ApplyError::Storage(StorageError::from_sqlx(&e))
+    }
+}
+
+/// The MySQL error number of a driver error, when the server sent one.
+pub(crate) fn mysql_number(e: &sqlx::Error) -> Option<u16> {
+    match e {
+        sqlx::Error::Database(db) => db
+            .try_downcast_ref::<MySqlDatabaseError>()
+            .map(MySqlDatabaseError::number),
+        _ => None,
+    }
+}
