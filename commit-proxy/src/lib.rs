@@ -30,6 +30,7 @@ mod packet;
 mod proxy;
 mod rules;
 mod session;
+mod state;
 
 pub use classify::{classify, Kind, Statement};
 pub use proxy::{ConnectionInfo, Proxy, RuleHandle, StartError};

@@ -1,66 +1,18 @@
-//! The proxy: a loopback listener, one task per client connection, the armed rules and the log
-//! of firings, and the handles a test uses to drive them.
+//! The proxy's public face: a loopback listener, one task per client connection, and the
+//! handles a test uses to arm rules and read their firings. The state those tasks share is in
+//! `state.rs`.
 
-use std::collections::BTreeMap;
 use std::fmt;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::sync::Arc;
+use std::time::Duration;
 
-use serde::Serialize;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
-use crate::rules::{Fired, RuleInfo, RuleSpec, Rules, SpecError};
-
-/// A client connection, as listed.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct ConnectionInfo {
-    /// The proxy's number for it, from 1.
-    pub id: u64,
-    pub client: String,
-    /// The server's thread id, once its greeting arrived (0 before).
-    pub server_thread_id: u32,
-    /// False once the proxy stopped interpreting it and relays raw bytes.
-    pub interpreting: bool,
-    pub since_ms: u64,
-}
-
-/// What every connection task of one proxy shares.
-pub(crate) struct Shared {
-    pub(crate) upstream: String,
-    pub(crate) rules: Rules,
-    next_connection: AtomicU64,
-    connections: Mutex<BTreeMap<u64, ConnectionInfo>>,
-}
-
-impl Shared {
-    fn connections(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, ConnectionInfo>> {
-        self.connections.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// The number the next accepted connection will get.
-    pub(crate) fn next_connection_id(&self) -> u64 {
-        self.next_connection.load(Ordering::SeqCst)
-    }
-
-    pub(crate) fn connection_list(&self) -> Vec<ConnectionInfo> {
-        self.connections().values().cloned().collect()
-    }
-
-    pub(crate) fn set_thread_id(&self, id: u64, thread: u32) {
-        if let Some(c) = self.connections().get_mut(&id) {
-            c.server_thread_id = thread;
-        }
-    }
-
-    pub(crate) fn set_interpreting(&self, id: u64, on: bool) {
-        if let Some(c) = self.connections().get_mut(&id) {
-            c.interpreting = on;
-        }
-    }
-}
+use crate::rules::{Fired, RuleInfo, RuleSpec, SpecError};
+pub use crate::state::ConnectionInfo;
+use crate::state::Shared;
 
 /// Why a proxy did not start.
 #[derive(Debug)]
@@ -123,12 +75,7 @@ impl Proxy {
         let addr = listener
             .local_addr()
             .map_err(|e| StartError::Io(listen.to_owned(), e))?;
-        let shared = Arc::new(Shared {
-            upstream: upstream.to_owned(),
-            rules: Rules::new(),
-            next_connection: AtomicU64::new(1),
-            connections: Mutex::new(BTreeMap::new()),
-        });
+        let shared = Arc::new(Shared::new(upstream));
         let accept = tokio::spawn(accept_loop(listener, shared.clone()));
         Ok(Proxy {
             addr,
@@ -263,18 +210,11 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
         tokio::select! {
             accepted = listener.accept() => {
                 let Ok((client, peer)) = accepted else { continue };
-                let id = shared.next_connection.fetch_add(1, Ordering::SeqCst);
-                shared.connections().insert(id, ConnectionInfo {
-                    id,
-                    client: peer.to_string(),
-                    server_thread_id: 0,
-                    interpreting: true,
-                    since_ms: SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_millis() as u64,
-                });
+                let id = shared.register(peer);
                 let shared = shared.clone();
                 sessions.spawn(async move {
                     crate::session::serve(id, client, shared.clone()).await;
-                    shared.connections().remove(&id);
+                    shared.unregister(id);
                 });
             }
             // Reap finished sessions so the set does not grow.

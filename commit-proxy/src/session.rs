@@ -21,8 +21,8 @@ use crate::classify::{classify, Kind, Statement};
 use crate::packet::{
     err_packet, lenenc_value, read_packet, Packet, STATUS_IN_TRANS, STATUS_MORE_RESULTS,
 };
-use crate::proxy::Shared;
 use crate::rules::{Action, Fired, Matched};
+use crate::state::Shared;
 
 // Capability flags (the greeting's two 16-bit halves joined).
 const CLIENT_MYSQL: u32 = 1;

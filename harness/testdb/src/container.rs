@@ -11,7 +11,7 @@ use testcontainers::core::{IntoContainerPort, WaitFor};
 use testcontainers::runners::AsyncRunner;
 use testcontainers::{GenericImage, ImageExt};
 
-use crate::local::{register, Cleanup};
+use crate::cleanup::{register, Cleanup};
 use crate::{provision, Error, READY_TIMEOUT};
 
 /// The image the container backend runs.
@@ -62,12 +62,14 @@ impl ContainerServer {
                 .with_startup_timeout(READY_TIMEOUT)
                 .start()
                 .await
-                .map_err(|e| Error::new(format!("starting {}:{} failed: {e}", IMAGE.0, IMAGE.1)))?;
+                .map_err(|e| {
+                    Error::Container(format!("starting {}:{} failed: {e}", IMAGE.0, IMAGE.1))
+                })?;
             let id = container.id().to_owned();
             let port = container
                 .get_host_port_ipv4(3306.tcp())
                 .await
-                .map_err(|e| Error::new(format!("no host port for the container: {e}")))?;
+                .map_err(|e| Error::Container(format!("no host port for the container: {e}")))?;
             // From here on the container is ours by id (see the module docs).
             std::mem::forget(container);
             Ok::<_, Error>((id, port))
@@ -84,7 +86,7 @@ impl ContainerServer {
             match provision::block_on(provision::select_version(url.clone())) {
                 Ok(v) => break v,
                 Err(e) if start.elapsed() > READY_TIMEOUT => {
-                    return Err(Error::new(format!(
+                    return Err(Error::Container(format!(
                         "the container on 127.0.0.1:{port} did not answer SELECT 1: {e}"
                     )))
                 }

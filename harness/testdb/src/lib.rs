@@ -20,13 +20,14 @@
 //!
 //! This crate knows MySQL administration only; it knows nothing of the inbox.
 
+mod cleanup;
 mod local;
+mod process;
 mod provision;
 
 #[cfg(feature = "container")]
 mod container;
 
-use std::fmt;
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -44,35 +45,71 @@ pub const READY_TIMEOUT: Duration = Duration::from_secs(60);
 /// SIGKILL (`PR_SET_PDEATHSIG`, from a thread that lives as long as the process). For the
 /// platform and receiver processes a test starts.
 pub fn spawn_tied(cmd: std::process::Command) -> std::io::Result<std::process::Child> {
-    local::spawn_long_lived(cmd)
+    process::spawn_long_lived(cmd)
 }
 
 /// Whether `pid` is a live process; a zombie (ended, not yet reaped) counts as gone.
 pub fn process_alive(pid: u32) -> bool {
-    i32::try_from(pid).is_ok_and(local::process_alive)
+    i32::try_from(pid).is_ok_and(process::process_alive)
 }
 
 /// A directory for this process's temporary files under the harness's root, removed when the
 /// process exits (also after failed tests), or by the next run's sweep if it was killed.
 pub fn scratch_dir() -> std::io::Result<std::path::PathBuf> {
-    local::scratch_dir()
+    cleanup::scratch_dir()
 }
 
-/// Why no server could be had.
-#[derive(Debug)]
-pub struct Error(pub String);
-
-impl fmt::Display for Error {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
+/// Why no server could be had, or an administration step failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A `TESTDB_*` variable, or a request the chosen backend cannot serve.
+    #[error("{0}")]
+    Config(String),
+    /// Neither `mariadbd` nor `mysqld` (or the datadir installer) is installed.
+    #[error("{0}")]
+    NoServerProgram(String),
+    /// A file, directory, port or process operation failed.
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A statement or a connection to the server failed.
+    #[error("{what}: {source}")]
+    Sql {
+        what: String,
+        #[source]
+        source: sqlx::Error,
+    },
+    /// The server exited at start-up because its port was taken meanwhile: try another.
+    #[error("port {port} on 127.0.0.1 was taken before the server could bind it")]
+    PortInUse { port: u16 },
+    /// The server (or its datadir installer) failed or did not become ready; the end of its log.
+    #[error("{what}; log {}:\n{tail}", log.display())]
+    Server {
+        what: String,
+        log: std::path::PathBuf,
+        tail: String,
+    },
+    /// The container backend failed.
+    #[error("{0}")]
+    Container(String),
+    /// The process-wide shared server failed to start earlier; why, as it was reported then.
+    #[error("the shared test server did not start: {0}")]
+    Shared(String),
 }
-
-impl std::error::Error for Error {}
 
 impl Error {
-    pub(crate) fn new(msg: impl Into<String>) -> Self {
-        Error(msg.into())
+    pub(crate) fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> Error {
+        let what = what.into();
+        move |source| Error::Io { what, source }
+    }
+
+    pub(crate) fn sql(what: impl Into<String>) -> impl FnOnce(sqlx::Error) -> Error {
+        let what = what.into();
+        move |source| Error::Sql { what, source }
     }
 }
 
@@ -109,7 +146,7 @@ impl Server {
             Some("existing") => Self::existing(),
             Some("container") => Self::container(),
             Some("local") => Self::local(),
-            Some(other) => Err(Error::new(format!(
+            Some(other) => Err(Error::Config(format!(
                 "{TESTDB_BACKEND}={other} is not one of existing, container, local"
             ))),
             None => {
@@ -149,15 +186,15 @@ impl Server {
 
     fn existing() -> Result<Server, Error> {
         let url = env(TESTDB_MYSQL_URL)
-            .ok_or_else(|| Error::new(format!("{TESTDB_MYSQL_URL} is not set")))?;
+            .ok_or_else(|| Error::Config(format!("{TESTDB_MYSQL_URL} is not set")))?;
         let rest = url.strip_prefix("mysql://").ok_or_else(|| {
-            Error::new(format!(
+            Error::Config(format!(
                 "{TESTDB_MYSQL_URL} must look like mysql://admin:password@host:port"
             ))
         })?;
         let rest = rest.trim_end_matches('/');
         let (userinfo, hostport) = rest.rsplit_once('@').ok_or_else(|| {
-            Error::new(format!(
+            Error::Config(format!(
                 "{TESTDB_MYSQL_URL} must name an admin user: mysql://admin:password@host:port"
             ))
         })?;
@@ -165,7 +202,7 @@ impl Server {
         let (host, port) = hostport.rsplit_once(':').unwrap_or((hostport, "3306"));
         let port: u16 = port
             .parse()
-            .map_err(|_| Error::new(format!("{TESTDB_MYSQL_URL} has a malformed port")))?;
+            .map_err(|_| Error::Config(format!("{TESTDB_MYSQL_URL} has a malformed port")))?;
         let server = Server {
             host: host.to_owned(),
             port,
@@ -195,8 +232,8 @@ impl Server {
 
     #[cfg(not(feature = "container"))]
     fn container() -> Result<Server, Error> {
-        Err(Error::new(
-            "the container backend needs testdb's `container` feature",
+        Err(Error::Config(
+            "the container backend needs testdb's `container` feature".into(),
         ))
     }
 
@@ -205,12 +242,12 @@ impl Server {
         static SHARED: OnceLock<Result<Server, String>> = OnceLock::new();
         SHARED
             .get_or_init(|| {
-                let server = Server::start().map_err(|e| e.0)?;
-                local::remove_at_exit();
+                let server = Server::start().map_err(|e| e.to_string())?;
+                cleanup::remove_at_exit();
                 Ok(server)
             })
             .as_ref()
-            .map_err(|e| Error::new(e.clone()))
+            .map_err(|e| Error::Shared(e.clone()))
     }
 
     /// `host:port` of the server.
@@ -251,7 +288,7 @@ impl Server {
     pub fn restart(&self) -> Result<(), Error> {
         match &self.backend {
             Backend::Local(server) => server.restart(),
-            _ => Err(Error::new("only a local server can be restarted")),
+            _ => Err(Error::Config("only a local server can be restarted".into())),
         }
     }
 

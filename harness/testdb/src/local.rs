@@ -1,201 +1,22 @@
 //! A local `mariadbd` or `mysqld` on a fresh datadir and a free loopback port.
 //!
 //! Every server lives in its own directory under `$TMPDIR/result-inbox-testdb/`, which holds
-//! the datadir, the socket, the error log and `owner.pid` (the test process). A later run
-//! removes directories whose owner is gone, killing a server still running there. Servers are
-//! forked from one long-lived thread with `PR_SET_PDEATHSIG`, so they die with the process
-//! even when it is killed with SIGKILL.
+//! the datadir, the socket, the error log and `owner.pid` (the test process); `cleanup.rs`
+//! removes it at exit or in a later run's sweep, and `process.rs` starts the server so that it
+//! dies with the test process.
 
 use std::fs;
 use std::io::{Read, Seek, SeekFrom};
 use std::net::{TcpListener, TcpStream};
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::mpsc;
-use std::sync::{Mutex, OnceLock};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use crate::cleanup::{register, root_dir, sweep_leftovers, unregister_pid, Cleanup};
+use crate::process::{is_root, spawn_long_lived};
 use crate::{provision, Error, READY_TIMEOUT};
-
-/// Servers and containers this process still has to remove at exit.
-pub(crate) enum Cleanup {
-    Process {
-        pid: u32,
-        dir: PathBuf,
-    },
-    Dir(PathBuf),
-    #[cfg_attr(not(feature = "container"), allow(dead_code))]
-    Container {
-        id: String,
-    },
-}
-
-static LIVE: Mutex<Vec<Cleanup>> = Mutex::new(Vec::new());
-
-pub(crate) fn register(c: Cleanup) {
-    remove_at_exit();
-    LIVE.lock().unwrap_or_else(|p| p.into_inner()).push(c);
-}
-
-fn unregister_pid(pid: u32) {
-    LIVE.lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .retain(|c| !matches!(c, Cleanup::Process { pid: p, .. } if *p == pid));
-}
-
-extern "C" fn cleanup_at_exit() {
-    let live = std::mem::take(&mut *LIVE.lock().unwrap_or_else(|p| p.into_inner()));
-    for c in live {
-        match c {
-            Cleanup::Process { pid, dir } => {
-                kill_and_reap(pid);
-                let _ = fs::remove_dir_all(dir);
-            }
-            Cleanup::Dir(dir) => {
-                let _ = fs::remove_dir_all(dir);
-            }
-            Cleanup::Container { id } => {
-                let _ = Command::new("docker")
-                    .args(["rm", "--force", "--volumes", &id])
-                    .stdout(Stdio::null())
-                    .stderr(Stdio::null())
-                    .status();
-            }
-        }
-    }
-}
-
-/// Registers the exit hook once. The Rust test harness ends with `exit()`, also after failed
-/// tests, so this runs for servers held in statics, which never drop.
-pub(crate) fn remove_at_exit() {
-    static ONCE: OnceLock<()> = OnceLock::new();
-    ONCE.get_or_init(|| {
-        // SAFETY: registering a plain `extern "C"` function with no captured state.
-        unsafe {
-            libc::atexit(cleanup_at_exit);
-        }
-    });
-}
-
-fn kill_and_reap(pid: u32) {
-    let Ok(pid) = i32::try_from(pid) else { return };
-    // SAFETY: signalling and reaping a child this process started.
-    unsafe {
-        libc::kill(pid, libc::SIGKILL);
-        libc::waitpid(pid, std::ptr::null_mut(), 0);
-    }
-}
-
-/// Whether `pid` is a live process. A zombie (killed, not yet reaped) counts as gone.
-pub(crate) fn process_alive(pid: i32) -> bool {
-    match fs::read_to_string(format!("/proc/{pid}/stat")) {
-        // The state follows the command name, which is in parentheses and may hold spaces.
-        Ok(stat) => !matches!(
-            stat.rsplit_once(')')
-                .and_then(|(_, rest)| rest.trim_start().chars().next()),
-            Some('Z' | 'X') | None
-        ),
-        Err(_) => false,
-    }
-}
-
-/// A request to the spawner thread.
-type SpawnRequest = (Command, mpsc::Sender<std::io::Result<Child>>);
-
-/// Forks servers from one thread that lives as long as the process: `PR_SET_PDEATHSIG` fires
-/// when the forking *thread* exits, so a short-lived thread would take the server with it.
-pub(crate) fn spawn_long_lived(mut cmd: Command) -> std::io::Result<Child> {
-    static SPAWNER: OnceLock<Mutex<mpsc::Sender<SpawnRequest>>> = OnceLock::new();
-    let sender = SPAWNER.get_or_init(|| {
-        let (tx, rx) = mpsc::channel::<SpawnRequest>();
-        std::thread::Builder::new()
-            .name("testdb-spawner".into())
-            .spawn(move || {
-                for (mut cmd, reply) in rx {
-                    let _ = reply.send(cmd.spawn());
-                }
-            })
-            .expect("the spawner thread starts");
-        Mutex::new(tx)
-    });
-    // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
-    unsafe {
-        cmd.pre_exec(|| {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-    let (tx, rx) = mpsc::channel();
-    sender
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .send((cmd, tx))
-        .map_err(|_| std::io::Error::other("the spawner thread is gone"))?;
-    rx.recv()
-        .map_err(|_| std::io::Error::other("the spawner thread is gone"))?
-}
-
-fn root_dir() -> PathBuf {
-    std::env::temp_dir().join("result-inbox-testdb")
-}
-
-/// This process's scratch directory, `<root>/<pid>-scratch`, made once and removed at exit.
-pub(crate) fn scratch_dir() -> std::io::Result<PathBuf> {
-    static SCRATCH: OnceLock<Result<PathBuf, String>> = OnceLock::new();
-    SCRATCH
-        .get_or_init(|| {
-            let root = root_dir();
-            fs::create_dir_all(&root).map_err(|e| format!("{}: {e}", root.display()))?;
-            sweep_leftovers(&root);
-            let dir = root.join(format!("{}-scratch", std::process::id()));
-            fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-            fs::write(dir.join("owner.pid"), std::process::id().to_string())
-                .map_err(|e| format!("{}: {e}", dir.display()))?;
-            register(Cleanup::Dir(dir.clone()));
-            Ok(dir)
-        })
-        .clone()
-        .map_err(std::io::Error::other)
-}
-
-/// Removes directories of earlier runs whose test process is gone, killing their servers.
-fn sweep_leftovers(root: &Path) {
-    let Ok(entries) = fs::read_dir(root) else {
-        return;
-    };
-    for entry in entries.flatten() {
-        let dir = entry.path();
-        let read_pid = |name: &str| -> Option<i32> {
-            fs::read_to_string(dir.join(name)).ok()?.trim().parse().ok()
-        };
-        match read_pid("owner.pid") {
-            Some(owner) if process_alive(owner) => continue,
-            // A directory being set up right now has no owner file for a moment.
-            None if entry
-                .metadata()
-                .and_then(|m| m.modified())
-                .is_ok_and(|t| t.elapsed().unwrap_or_default() < Duration::from_secs(60)) =>
-            {
-                continue
-            }
-            _ => {}
-        }
-        if let Some(server) = read_pid("data/server.pid") {
-            let cmdline = fs::read(format!("/proc/{server}/cmdline")).unwrap_or_default();
-            if String::from_utf8_lossy(&cmdline).contains(&*dir.to_string_lossy()) {
-                // SAFETY: killing a leftover server of ours, identified by its datadir.
-                unsafe {
-                    libc::kill(server, libc::SIGKILL);
-                }
-            }
-        }
-        let _ = fs::remove_dir_all(&dir);
-    }
-}
 
 /// Which server program, and how to make a datadir for it.
 #[derive(Debug, Clone)]
@@ -235,26 +56,22 @@ fn find_program() -> Result<Program, Error> {
             mariadb: version.contains("MariaDB"),
         });
     }
-    Err(Error::new(
+    Err(Error::NoServerProgram(
         "no MySQL server found: neither mariadbd nor mysqld is on PATH or in /usr/sbin; \
          install Debian's mariadb-server (scripts/install-deps does), \
-         or set TESTDB_MYSQL_URL to an existing server",
+         or set TESTDB_MYSQL_URL to an existing server"
+            .into(),
     ))
-}
-
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
 }
 
 fn free_loopback_port() -> Result<u16, Error> {
     // MariaDB reads --port=0 as "the default port", not "any": pick one here.
-    let listener = TcpListener::bind("127.0.0.1:0")
-        .map_err(|e| Error::new(format!("cannot find a free loopback port: {e}")))?;
+    let listener =
+        TcpListener::bind("127.0.0.1:0").map_err(Error::io("cannot find a free loopback port"))?;
     listener
         .local_addr()
         .map(|a| a.port())
-        .map_err(|e| Error::new(format!("cannot find a free loopback port: {e}")))
+        .map_err(Error::io("cannot find a free loopback port"))
 }
 
 fn tail(path: &Path, bytes: u64) -> String {
@@ -284,7 +101,7 @@ impl LocalServer {
         let program = find_program()?;
         let root = root_dir();
         fs::create_dir_all(&root)
-            .map_err(|e| Error::new(format!("cannot create {}: {e}", root.display())))?;
+            .map_err(Error::io(format!("cannot create {}", root.display())))?;
         sweep_leftovers(&root);
 
         static SEQ: AtomicU64 = AtomicU64::new(0);
@@ -294,10 +111,9 @@ impl LocalServer {
             SEQ.fetch_add(1, Ordering::SeqCst)
         ));
         let _ = fs::remove_dir_all(&dir);
-        fs::create_dir_all(&dir)
-            .map_err(|e| Error::new(format!("cannot create {}: {e}", dir.display())))?;
+        fs::create_dir_all(&dir).map_err(Error::io(format!("cannot create {}", dir.display())))?;
         fs::write(dir.join("owner.pid"), std::process::id().to_string())
-            .map_err(|e| Error::new(format!("cannot write in {}: {e}", dir.display())))?;
+            .map_err(Error::io(format!("cannot write in {}", dir.display())))?;
 
         let result = Self::install(&program, &dir).and_then(|()| {
             // A port can be taken between choosing and binding; try a few.
@@ -305,11 +121,11 @@ impl LocalServer {
             for _ in 0..3 {
                 match Self::launch(&program, &dir, free_loopback_port()?) {
                     Ok(server) => return Ok(server),
-                    Err(e) if e.0.contains("Address already in use") => last = Some(e),
+                    Err(e @ Error::PortInUse { .. }) => last = Some(e),
                     Err(e) => return Err(e),
                 }
             }
-            Err(last.unwrap_or_else(|| Error::new("the server did not start")))
+            Err(last.expect("three tries, each a port in use"))
         });
         if result.is_err() {
             let _ = fs::remove_dir_all(&dir);
@@ -320,12 +136,14 @@ impl LocalServer {
     fn install(program: &Program, dir: &Path) -> Result<(), Error> {
         let data = dir.join("data");
         let log = dir.join("install.log");
-        let log_file =
-            fs::File::create(&log).map_err(|e| Error::new(format!("cannot create log: {e}")))?;
+        let log_file = fs::File::create(&log)
+            .map_err(Error::io(format!("cannot create {}", log.display())))?;
         let mut cmd = if program.mariadb {
             let installer = find_in_path("mariadb-install-db")
                 .or_else(|| find_in_path("mysql_install_db"))
-                .ok_or_else(|| Error::new("mariadb-install-db is not installed"))?;
+                .ok_or_else(|| {
+                    Error::NoServerProgram("mariadb-install-db is not installed".into())
+                })?;
             let mut cmd = Command::new(installer);
             cmd.arg("--no-defaults")
                 .arg(format!("--datadir={}", data.display()))
@@ -350,17 +168,17 @@ impl LocalServer {
             .stdout(
                 log_file
                     .try_clone()
-                    .map_err(|e| Error::new(e.to_string()))?,
+                    .map_err(Error::io(format!("cannot write {}", log.display())))?,
             )
             .stderr(log_file)
             .status()
-            .map_err(|e| Error::new(format!("cannot run the datadir installer: {e}")))?;
+            .map_err(Error::io("cannot run the datadir installer"))?;
         if !status.success() {
-            return Err(Error::new(format!(
-                "creating a datadir failed ({status}); log {}:\n{}",
-                log.display(),
-                tail(&log, 2000)
-            )));
+            return Err(Error::Server {
+                what: format!("creating a datadir failed ({status})"),
+                tail: tail(&log, 2000),
+                log,
+            });
         }
         Ok(())
     }
@@ -394,7 +212,7 @@ impl LocalServer {
         let socket = dir.join("mysqld.sock");
         // sockaddr_un holds 107 bytes of path.
         if socket.as_os_str().len() > 107 {
-            return Err(Error::new(format!(
+            return Err(Error::Config(format!(
                 "the server's socket path would be too long for a unix socket ({} bytes, at most 107): {}; set TMPDIR to a shorter directory",
                 socket.as_os_str().len(),
                 socket.display()
@@ -419,8 +237,10 @@ impl LocalServer {
         cmd.stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null());
-        let child = spawn_long_lived(cmd)
-            .map_err(|e| Error::new(format!("cannot start {}: {e}", program.server.display())))?;
+        let child = spawn_long_lived(cmd).map_err(Error::io(format!(
+            "cannot start {}",
+            program.server.display()
+        )))?;
         register(Cleanup::Process {
             pid: child.id(),
             dir: dir.to_path_buf(),
@@ -445,11 +265,16 @@ impl LocalServer {
         let mut announced = false;
         loop {
             if let Some(status) = self.try_wait() {
-                return Err(Error::new(format!(
-                    "the server exited during start-up ({status}); log {}:\n{}",
-                    log.display(),
-                    tail(log, 3000)
-                )));
+                let tail = tail(log, 3000);
+                // MariaDB and MySQL both log the bind failure in these words.
+                if tail.contains("Address already in use") {
+                    return Err(Error::PortInUse { port: self.port });
+                }
+                return Err(Error::Server {
+                    what: format!("the server exited during start-up ({status})"),
+                    log: log.to_path_buf(),
+                    tail,
+                });
             }
             if TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
                 let url = provision::url("root", "", &format!("127.0.0.1:{}", self.port), None);
@@ -459,12 +284,14 @@ impl LocalServer {
             }
             let waited = start.elapsed();
             if waited > READY_TIMEOUT {
-                return Err(Error::new(format!(
-                    "the server on 127.0.0.1:{} did not answer SELECT 1 within {READY_TIMEOUT:?}; log {}:\n{}",
-                    self.port,
-                    log.display(),
-                    tail(log, 3000)
-                )));
+                return Err(Error::Server {
+                    what: format!(
+                        "the server on 127.0.0.1:{} did not answer SELECT 1 within {READY_TIMEOUT:?}",
+                        self.port
+                    ),
+                    log: log.to_path_buf(),
+                    tail: tail(log, 3000),
+                });
             }
             if waited > Duration::from_secs(5) && !announced {
                 eprintln!(

@@ -64,7 +64,7 @@ pub(crate) fn url(user: &str, password: &str, address: &str, database: Option<&s
 async fn connect(url: &str) -> Result<MySqlConnection, Error> {
     MySqlConnection::connect(url)
         .await
-        .map_err(|e| Error::new(format!("cannot connect as admin: {e}")))
+        .map_err(Error::sql("cannot connect as admin"))
 }
 
 pub(crate) async fn select_version(url: String) -> Result<String, Error> {
@@ -73,7 +73,7 @@ pub(crate) async fn select_version(url: String) -> Result<String, Error> {
         .fetch_one(&mut conn)
         .await
         .and_then(|r| r.try_get(0))
-        .map_err(|e| Error::new(format!("SELECT VERSION() failed: {e}")))?;
+        .map_err(Error::sql("SELECT VERSION() failed"))?;
     let _ = conn.close().await;
     Ok(version)
 }
@@ -166,12 +166,12 @@ impl Server {
             p.platform_db, p.platform.user
         ));
         for stmt in &stmts {
-            conn.execute(stmt.as_str()).await.map_err(|e| {
-                Error::new(format!(
-                    "provisioning failed at `{}`: {e}",
+            conn.execute(stmt.as_str())
+                .await
+                .map_err(Error::sql(format!(
+                    "provisioning failed at `{}`",
                     stmt.split(" IDENTIFIED").next().unwrap_or(stmt)
-                ))
-            })?;
+                )))?;
         }
         let _ = conn.close().await;
         Ok(p)
@@ -206,7 +206,7 @@ impl Provisioned {
         for stmt in self.grants(true) {
             conn.execute(stmt.as_str())
                 .await
-                .map_err(|e| Error::new(format!("runtime grant failed: {e}")))?;
+                .map_err(Error::sql("runtime grant failed"))?;
         }
         let _ = conn.close().await;
         Ok(())
@@ -306,7 +306,7 @@ pub(crate) async fn sweep_leftovers(server: &Server) -> Result<(), Error> {
             .split('_')
             .next()
             .and_then(|p| p.parse::<i32>().ok());
-        pid.is_some_and(|p| !crate::local::process_alive(p))
+        pid.is_some_and(|p| !crate::process::process_alive(p))
     };
     let dbs: Vec<String> = sqlx::query(
         "SELECT schema_name FROM information_schema.schemata \

@@ -1,0 +1,114 @@
+//! Deliveries: list a subscription's, get one, add budget to an EXPIRED one. Never a proof.
+
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{Path, Query, State};
+use axum::http::HeaderMap;
+use axum::Json;
+use orbit_sdk::wire::{AddBudget, SCOPE_EVENTS_MANAGE, SCOPE_EVENTS_READ};
+use serde::Deserialize;
+
+use super::auth::{caller, Caller};
+use super::subscriptions::visible_subscription;
+use super::{ApiError, ApiResult, Platform, Shared};
+use crate::db::{self};
+
+#[derive(Deserialize)]
+pub(super) struct DeliveryQuery {
+    state: Option<String>,
+    task_id: Option<String>,
+    limit: Option<u32>,
+}
+
+pub(super) async fn list_deliveries(
+    State(p): State<Shared>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    Query(q): Query<DeliveryQuery>,
+) -> ApiResult<Json<Vec<orbit_sdk::wire::DeliveryInfo>>> {
+    let c = caller(&p, &headers).await?;
+    c.need(SCOPE_EVENTS_READ)?;
+    visible_subscription(&p, &c, &id).await?;
+    if let Some(s) = &q.state {
+        if !matches!(s.as_str(), "PENDING" | "LEASED" | "ACKED" | "EXPIRED") {
+            return Err(ApiError::invalid(
+                "state must be PENDING, LEASED, ACKED or EXPIRED",
+            ));
+        }
+    }
+    let rows = sqlx::query(&format!(
+        "SELECT {} FROM orbit_deliveries WHERE subscription_id = ? \
+         AND (? IS NULL OR state = ?) AND (? IS NULL OR task_id = ?) ORDER BY seq LIMIT ?",
+        db::DELIVERY_COLUMNS
+    ))
+    .bind(&id)
+    .bind(&q.state)
+    .bind(&q.state)
+    .bind(&q.task_id)
+    .bind(&q.task_id)
+    .bind(q.limit.unwrap_or(1000).min(10_000))
+    .fetch_all(&p.pool)
+    .await?;
+    Ok(Json(
+        rows.iter()
+            .map(db::delivery_from_row)
+            .collect::<Result<_, _>>()?,
+    ))
+}
+
+async fn visible_delivery(
+    p: &Platform,
+    c: &Caller,
+    id: &str,
+) -> ApiResult<orbit_sdk::wire::DeliveryInfo> {
+    let row = sqlx::query(&format!(
+        "SELECT {} FROM orbit_deliveries WHERE id = ?",
+        db::DELIVERY_COLUMNS
+    ))
+    .bind(id)
+    .fetch_optional(&p.pool)
+    .await?
+    .ok_or_else(|| ApiError::not_found("delivery"))?;
+    let d = db::delivery_from_row(&row)?;
+    visible_subscription(p, c, &d.subscription_id).await?;
+    Ok(d)
+}
+
+pub(super) async fn get_delivery(
+    State(p): State<Shared>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> ApiResult<Json<orbit_sdk::wire::DeliveryInfo>> {
+    let c = caller(&p, &headers).await?;
+    c.need(SCOPE_EVENTS_READ)?;
+    Ok(Json(visible_delivery(&p, &c, &id).await?))
+}
+
+pub(super) async fn add_budget(
+    State(p): State<Shared>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    body: Result<Json<AddBudget>, JsonRejection>,
+) -> ApiResult<Json<orbit_sdk::wire::DeliveryInfo>> {
+    let c = caller(&p, &headers).await?;
+    c.need(SCOPE_EVENTS_MANAGE)?;
+    let Json(req) = body?;
+    if !(1..=10).contains(&req.add) {
+        return Err(ApiError::invalid("add must be from 1 to 10"));
+    }
+    visible_delivery(&p, &c, &id).await?;
+    let changed = sqlx::query("UPDATE orbit_deliveries SET budget = budget + ?, state = 'PENDING', updated_at = UTC_TIMESTAMP(6) \
+                               WHERE id = ? AND state = 'EXPIRED'")
+        .bind(req.add)
+        .bind(&id)
+        .execute(&p.pool)
+        .await?
+        .rows_affected();
+    if changed == 0 {
+        return Err(ApiError::conflict(
+            "not_expired",
+            "budget can be added to an EXPIRED delivery only",
+        ));
+    }
+    p.wake.notify_waiters();
+    Ok(Json(visible_delivery(&p, &c, &id).await?))
+}

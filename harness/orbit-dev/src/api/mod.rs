@@ -1,0 +1,148 @@
+//! The HTTP JSON API and the WebSocket delivery stream of `docs/orbit-protocol.md`.
+//!
+//! This module holds what every route shares (the [`Platform`] state, the error reply, the
+//! router); each resource has its own module: [`auth`] (bearer token → credential),
+//! [`tasks`] (transitions and the events they emit), [`subscriptions`], [`deliveries`],
+//! [`faults`] (the test-only fault API) and [`stream`] (leasing, lease expiry and ACKs).
+
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::rejection::JsonRejection;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use sqlx::MySqlPool;
+use tokio::sync::Notify;
+
+use auth::credential;
+use deliveries::{add_budget, get_delivery, list_deliveries};
+use faults::arm_fault;
+use stream::stream;
+use subscriptions::{create_subscription, get_subscription, pause, resume};
+use tasks::{cancel_task, get_task, report_task, submit_task};
+
+mod auth;
+mod deliveries;
+mod faults;
+mod stream;
+mod subscriptions;
+mod tasks;
+
+pub use stream::expire_leases;
+
+/// Subscriptions one namespace may have (paused ones included; none is ever deleted).
+pub const MAX_SUBSCRIPTIONS: i64 = 64;
+/// The largest event the platform emits.
+pub const MAX_EVENT_BYTES: usize = 512 * 1024;
+
+/// Settings and shared state of a serving platform.
+pub struct Platform {
+    pub pool: MySqlPool,
+    pub lease: Duration,
+    pub max_attempts: u32,
+    pub window: u32,
+    pub fault_api: bool,
+    /// Woken whenever deliveries may have become available.
+    pub wake: Notify,
+    /// Fault: process the next ACK but drop its reply (and the stream).
+    pub drop_next_ack_reply: AtomicBool,
+    /// Fault: drop the next ACK unread (it is never recorded) and close the stream.
+    pub drop_next_ack: AtomicBool,
+    /// Fault: close the stream right after the next delivery is sent.
+    pub close_after_delivery: AtomicBool,
+}
+
+type Shared = Arc<Platform>;
+
+/// An error reply: `{"error":{"code","message"}}`.
+#[derive(Debug)]
+pub struct ApiError {
+    status: StatusCode,
+    code: &'static str,
+    message: String,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> ApiError {
+        ApiError {
+            status,
+            code,
+            message: message.into(),
+        }
+    }
+    fn not_found(what: &str) -> ApiError {
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            format!("no such {what}"),
+        )
+    }
+    fn invalid(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_request", message)
+    }
+    fn conflict(code: &'static str, message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::CONFLICT, code, message)
+    }
+}
+
+impl From<sqlx::Error> for ApiError {
+    fn from(e: sqlx::Error) -> Self {
+        // The server's log gets the detail; the client a stable code.
+        eprintln!("orbit-dev: database error: {e}");
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "storage_unavailable",
+            "the platform database failed; retry",
+        )
+    }
+}
+
+impl From<JsonRejection> for ApiError {
+    fn from(e: JsonRejection) -> Self {
+        ApiError::invalid(format!(
+            "the request body is not valid JSON for this call: {}",
+            e.body_text()
+        ))
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = serde_json::json!({"error": {"code": self.code, "message": self.message}});
+        (self.status, Json(body)).into_response()
+    }
+}
+
+type ApiResult<T> = Result<T, ApiError>;
+
+pub fn router(p: Shared) -> Router {
+    let mut r = Router::new()
+        .route(
+            "/healthz",
+            get(|| async { Json(serde_json::json!({"status": "ok"})) }),
+        )
+        .route("/v1/credential", get(credential))
+        .route("/v1/queues/{queue}/tasks", post(submit_task))
+        .route("/v1/tasks/{id}", get(get_task))
+        .route("/v1/tasks/{id}/cancel", post(cancel_task))
+        .route("/v1/tasks/{id}/report", post(report_task))
+        .route("/v1/subscriptions", post(create_subscription))
+        .route("/v1/subscriptions/{id}", get(get_subscription))
+        .route("/v1/subscriptions/{id}/pause", post(pause))
+        .route("/v1/subscriptions/{id}/resume", post(resume))
+        .route("/v1/subscriptions/{id}/deliveries", get(list_deliveries))
+        .route("/v1/subscriptions/{id}/stream", get(stream))
+        .route("/v1/deliveries/{id}", get(get_delivery))
+        .route("/v1/deliveries/{id}/budget", post(add_budget));
+    if p.fault_api {
+        r = r.route("/v1/_faults", post(arm_fault));
+    }
+    r.fallback(|| async { ApiError::not_found("endpoint") })
+        .layer(axum::extract::DefaultBodyLimit::max(
+            MAX_EVENT_BYTES + 64 * 1024,
+        ))
+        .with_state(p)
+}

@@ -1,0 +1,244 @@
+//! The WebSocket delivery stream: credit, leasing, lease expiry and ACKs.
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
+use axum::extract::{Path, State};
+use axum::http::HeaderMap;
+use axum::response::Response;
+use futures_util::SinkExt;
+use orbit_sdk::wire::{AckResult, ClientMessage, ServerMessage, SCOPE_EVENTS_CONSUME};
+use serde_json::value::RawValue;
+use sqlx::Row;
+
+use super::auth::caller;
+use super::subscriptions::visible_subscription;
+use super::{ApiResult, Platform, Shared};
+use crate::db::{self, random_hex, sha256};
+
+/// Expires leases that ran out: back to PENDING, or EXPIRED when the budget is spent.
+pub async fn expire_leases(p: Shared) {
+    loop {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let result = sqlx::query(
+            "UPDATE orbit_deliveries SET state = IF(attempts >= budget, 'EXPIRED', 'PENDING'), \
+             proof_sha256 = NULL, lease_expires_at = NULL, updated_at = UTC_TIMESTAMP(6) \
+             WHERE state = 'LEASED' AND lease_expires_at <= UTC_TIMESTAMP(6)",
+        )
+        .execute(&p.pool)
+        .await;
+        if matches!(result, Ok(r) if r.rows_affected() > 0) {
+            p.wake.notify_waiters();
+        }
+    }
+}
+
+pub(super) async fn stream(
+    State(p): State<Shared>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    ws: WebSocketUpgrade,
+) -> ApiResult<Response> {
+    let c = caller(&p, &headers).await?;
+    c.need(SCOPE_EVENTS_CONSUME)?;
+    visible_subscription(&p, &c, &id).await?;
+    Ok(ws.on_upgrade(move |socket| serve_stream(p, id, socket)))
+}
+
+/// Leases the oldest PENDING delivery of `sub`, if the subscription is enabled and its window
+/// has room; returns the message to send.
+async fn lease_one(p: &Platform, sub: &str) -> Result<Option<ServerMessage>, sqlx::Error> {
+    let mut tx = p.pool.begin().await?;
+    let Some(s) =
+        sqlx::query("SELECT enabled, window_size FROM orbit_subscriptions WHERE id = ? FOR UPDATE")
+            .bind(sub)
+            .fetch_optional(&mut *tx)
+            .await?
+    else {
+        return Ok(None);
+    };
+    let enabled: bool = s.try_get(0)?;
+    let window: u32 = s.try_get(1)?;
+    if !enabled {
+        return Ok(None);
+    }
+    let outstanding: i64 = sqlx::query("SELECT COUNT(*) FROM orbit_deliveries WHERE subscription_id = ? AND state IN ('LEASED', 'EXPIRED')")
+        .bind(sub)
+        .fetch_one(&mut *tx)
+        .await?
+        .try_get(0)?;
+    if outstanding >= i64::from(window) {
+        return Ok(None);
+    }
+    let Some(d) = sqlx::query("SELECT seq, id, attempts FROM orbit_deliveries \
+                               WHERE subscription_id = ? AND state = 'PENDING' ORDER BY seq LIMIT 1 FOR UPDATE")
+        .bind(sub)
+        .fetch_optional(&mut *tx)
+        .await?
+    else {
+        return Ok(None);
+    };
+    let seq: u64 = d.try_get(0)?;
+    let delivery_id: String = d.try_get_unchecked(1)?;
+    let attempt: u32 = d.try_get::<u32, _>(2)? + 1;
+    let proof = random_hex(32);
+    sqlx::query("UPDATE orbit_deliveries SET state = 'LEASED', attempts = ?, proof_sha256 = ?, \
+                 lease_expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, updated_at = UTC_TIMESTAMP(6) WHERE seq = ?")
+        .bind(attempt)
+        .bind(sha256(&proof))
+        .bind(p.lease.as_micros() as u64)
+        .bind(seq)
+        .execute(&mut *tx)
+        .await?;
+    let row = sqlx::query(&format!(
+        "SELECT e.body, DATE_FORMAT(d.lease_expires_at, '{}') FROM orbit_deliveries d JOIN orbit_events e ON e.id = d.event_id WHERE d.seq = ?",
+        db::TS
+    ))
+    .bind(seq)
+    .fetch_one(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    let body: Vec<u8> = row.try_get(0)?;
+    let expires: String = row.try_get_unchecked(1)?;
+    let event = RawValue::from_string(String::from_utf8_lossy(&body).into_owned())
+        .map_err(|e| sqlx::Error::Decode(Box::new(e)))?;
+    Ok(Some(ServerMessage::Delivery {
+        delivery_id,
+        attempt,
+        proof: orbit_sdk::wire::LeaseProof::new(proof),
+        lease_expires_at: expires,
+        event,
+    }))
+}
+
+/// Checks an ACK against the delivery's current lease and records it.
+pub(super) async fn ack(
+    p: &Platform,
+    sub: &str,
+    delivery_id: &str,
+    proof: &str,
+) -> Result<(AckResult, Option<String>), sqlx::Error> {
+    let hash = sha256(proof);
+    let mut tx = p.pool.begin().await?;
+    let Some(row) = sqlx::query("SELECT state, proof_sha256, acked_proof_sha256, lease_expires_at > UTC_TIMESTAMP(6) \
+                                 FROM orbit_deliveries WHERE id = ? AND subscription_id = ? FOR UPDATE")
+        .bind(delivery_id)
+        .bind(sub)
+        .fetch_optional(&mut *tx)
+        .await?
+    else {
+        return Ok((AckResult::Refused, Some("no such delivery on this subscription".into())));
+    };
+    let state: String = row.try_get_unchecked(0)?;
+    let current: Option<Vec<u8>> = row.try_get(1)?;
+    let acked_with: Option<Vec<u8>> = row.try_get(2)?;
+    let live = row.try_get::<Option<i64>, _>(3)? == Some(1);
+    let answer = match state.as_str() {
+        "ACKED" if acked_with.as_deref() == Some(&hash[..]) => (AckResult::AlreadyAcked, None),
+        "ACKED" => (AckResult::Refused, Some("acked by another lease".into())),
+        "LEASED" if current.as_deref() == Some(&hash[..]) && live => {
+            sqlx::query("UPDATE orbit_deliveries SET state = 'ACKED', acked_proof_sha256 = proof_sha256, proof_sha256 = NULL, \
+                         lease_expires_at = NULL, updated_at = UTC_TIMESTAMP(6) WHERE id = ?")
+                .bind(delivery_id)
+                .execute(&mut *tx)
+                .await?;
+            (AckResult::Acked, None)
+        }
+        "LEASED" if current.as_deref() == Some(&hash[..]) => {
+            (AckResult::Refused, Some("the lease has expired".into()))
+        }
+        _ => (
+            AckResult::Refused,
+            Some("the proof belongs to a superseded or expired lease".into()),
+        ),
+    };
+    tx.commit().await?;
+    if answer.0 == AckResult::Acked {
+        p.wake.notify_waiters();
+    }
+    Ok(answer)
+}
+
+pub(super) async fn send(socket: &mut WebSocket, m: &ServerMessage) -> bool {
+    match serde_json::to_string(m) {
+        Ok(text) => socket.send(Message::Text(text.into())).await.is_ok(),
+        Err(_) => false,
+    }
+}
+
+async fn serve_stream(p: Shared, sub: String, mut socket: WebSocket) {
+    let mut credit: u32 = 0;
+    let mut heartbeat = tokio::time::interval(Duration::from_secs(10));
+    let mut poll = tokio::time::interval(Duration::from_millis(250));
+    loop {
+        // Hand out deliveries while the client has credit.
+        while credit > 0 {
+            match lease_one(&p, &sub).await {
+                Ok(Some(m)) => {
+                    credit -= 1;
+                    if !send(&mut socket, &m).await {
+                        return;
+                    }
+                    if p.close_after_delivery.swap(false, Ordering::SeqCst) {
+                        let _ = socket.close().await;
+                        return;
+                    }
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    eprintln!("orbit-dev: leasing failed: {e}");
+                    break;
+                }
+            }
+        }
+        let wake = p.wake.notified();
+        tokio::select! {
+            msg = socket.recv() => {
+                let text = match msg {
+                    Some(Ok(Message::Text(t))) => t,
+                    Some(Ok(Message::Close(_))) | None | Some(Err(_)) => return,
+                    Some(Ok(_)) => continue,
+                };
+                match serde_json::from_str::<ClientMessage>(text.as_str()) {
+                    Ok(ClientMessage::Credit { credit: more }) => credit = credit.saturating_add(more).min(10_000),
+                    Ok(ClientMessage::Heartbeat) => {}
+                    Ok(ClientMessage::Ack { delivery_id, proof }) => {
+                        if p.drop_next_ack.swap(false, Ordering::SeqCst) {
+                            // The ACK is lost on the way: never recorded, never answered.
+                            let _ = socket.close().await;
+                            return;
+                        }
+                        let (result, reason) = match ack(&p, &sub, &delivery_id, proof.expose()).await {
+                            Ok(r) => r,
+                            Err(e) => {
+                                eprintln!("orbit-dev: ack failed: {e}");
+                                return;
+                            }
+                        };
+                        if p.drop_next_ack_reply.swap(false, Ordering::SeqCst) {
+                            // The ACK is recorded; the client never hears so.
+                            let _ = socket.close().await;
+                            return;
+                        }
+                        if !send(&mut socket, &ServerMessage::AckResult { delivery_id, result, reason }).await {
+                            return;
+                        }
+                    }
+                    // Not the contract: close rather than guess.
+                    Err(_) => {
+                        let _ = socket.close().await;
+                        return;
+                    }
+                }
+            }
+            _ = wake => {}
+            _ = poll.tick() => {}
+            _ = heartbeat.tick() => {
+                if !send(&mut socket, &ServerMessage::Heartbeat).await {
+                    return;
+                }
+            }
+        }
+    }
+}

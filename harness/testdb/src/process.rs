@@ -1,0 +1,79 @@
+//! Processes the harness starts: forked from one long-lived thread so that they die with the
+//! test process (`PR_SET_PDEATHSIG`), even when it is killed with SIGKILL; killed and reaped;
+//! and checked for life without counting zombies.
+
+use std::fs;
+use std::os::unix::process::CommandExt;
+use std::process::{Child, Command};
+use std::sync::mpsc;
+use std::sync::{Mutex, OnceLock};
+
+use nix::sys::prctl;
+use nix::sys::signal::{self, Signal};
+use nix::sys::wait::waitpid;
+use nix::unistd::Pid;
+
+/// Whether `pid` is a live process. A zombie (killed, not yet reaped) counts as gone.
+pub(crate) fn process_alive(pid: i32) -> bool {
+    match fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the command name, which is in parentheses and may hold spaces.
+        Ok(stat) => !matches!(
+            stat.rsplit_once(')')
+                .and_then(|(_, rest)| rest.trim_start().chars().next()),
+            Some('Z' | 'X') | None
+        ),
+        Err(_) => false,
+    }
+}
+
+/// A request to the spawner thread.
+type SpawnRequest = (Command, mpsc::Sender<std::io::Result<Child>>);
+
+/// Forks servers from one thread that lives as long as the process: `PR_SET_PDEATHSIG` fires
+/// when the forking *thread* exits, so a short-lived thread would take the server with it.
+pub(crate) fn spawn_long_lived(mut cmd: Command) -> std::io::Result<Child> {
+    static SPAWNER: OnceLock<Mutex<mpsc::Sender<SpawnRequest>>> = OnceLock::new();
+    let sender = SPAWNER.get_or_init(|| {
+        let (tx, rx) = mpsc::channel::<SpawnRequest>();
+        std::thread::Builder::new()
+            .name("testdb-spawner".into())
+            .spawn(move || {
+                for (mut cmd, reply) in rx {
+                    let _ = reply.send(cmd.spawn());
+                }
+            })
+            .expect("the spawner thread starts");
+        Mutex::new(tx)
+    });
+    // SAFETY: the closure only calls prctl, which is async-signal-safe, and allocates nothing;
+    // nothing else runs between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| prctl::set_pdeathsig(Signal::SIGKILL).map_err(std::io::Error::from));
+    }
+    let (tx, rx) = mpsc::channel();
+    sender
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .send((cmd, tx))
+        .map_err(|_| std::io::Error::other("the spawner thread is gone"))?;
+    rx.recv()
+        .map_err(|_| std::io::Error::other("the spawner thread is gone"))?
+}
+
+/// SIGKILL and reap a child of this process.
+pub(crate) fn kill_and_reap(pid: u32) {
+    let Ok(pid) = i32::try_from(pid) else { return };
+    let pid = Pid::from_raw(pid);
+    let _ = signal::kill(pid, Signal::SIGKILL);
+    let _ = waitpid(pid, None);
+}
+
+/// SIGKILL a process that is not a child of this one (a leftover of a killed run).
+pub(crate) fn kill(pid: i32) {
+    let _ = signal::kill(Pid::from_raw(pid), Signal::SIGKILL);
+}
+
+/// Whether this process runs as root (the servers then need `--user=root`).
+pub(crate) fn is_root() -> bool {
+    nix::unistd::geteuid().is_root()
+}
