@@ -3,11 +3,13 @@
 
 use std::fmt;
 
-/// A MySQL connection URL that names its database. Its password is never printed: `Display`
-/// and `Debug` show `mysql://user@host:port/database`.
-#[derive(Clone, PartialEq, Eq)]
+use secret::Secret;
+
+/// A MySQL connection URL that names its database. Its password is never printed: the URL is
+/// a [`Secret`], and `Display` shows `mysql://user@host:port/database`.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Dsn {
-    url: String,
+    url: Secret,
     user: String,
     host: String,
     database: String,
@@ -64,7 +66,7 @@ impl Dsn {
             .unwrap_or("")
             .to_owned();
         let dsn = Dsn {
-            url: url.to_owned(),
+            url: Secret::new(url),
             user,
             host: host.to_owned(),
             database: path.to_owned(),
@@ -111,7 +113,7 @@ impl Dsn {
 
     /// The full URL, password included: for the driver only, never for output.
     pub fn expose_url(&self) -> &str {
-        &self.url
+        self.url.expose()
     }
 }
 
@@ -122,12 +124,6 @@ impl fmt::Display for Dsn {
         } else {
             write!(f, "mysql://{}@{}/{}", self.user, self.host, self.database)
         }
-    }
-}
-
-impl fmt::Debug for Dsn {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Dsn({self})")
     }
 }
 

@@ -1,9 +1,9 @@
 //! Credentials: the JSON file `orbit-dev bootstrap` writes (mode 0600), with `ORBIT_TOKEN` and
 //! `ORBIT_QUEUE_ID` overriding its values. The token is a [`Token`], which never prints.
 
-use std::fmt;
 use std::path::{Path, PathBuf};
 
+use secret::Secret;
 use serde::{Deserialize, Serialize};
 
 /// The file named by this variable holds the credentials.
@@ -13,31 +13,19 @@ pub const ORBIT_TOKEN: &str = "ORBIT_TOKEN";
 /// Overrides the file's queue.
 pub const ORBIT_QUEUE_ID: &str = "ORBIT_QUEUE_ID";
 
-/// A bearer token. `Debug` and `Display` print a fixed mask.
-#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// A bearer token: a [`Secret`], so it prints as `***`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(transparent)]
-pub struct Token(String);
+pub struct Token(Secret);
 
 impl Token {
     /// Wraps a token.
     pub fn new(s: impl Into<String>) -> Self {
-        Token(s.into())
+        Token(Secret::new(s))
     }
     /// The token text, for the Authorization header only.
     pub fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Debug for Token {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("Token(***)")
-    }
-}
-
-impl fmt::Display for Token {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("***")
+        self.0.expose()
     }
 }
 
@@ -67,6 +55,18 @@ pub enum CredentialsError {
     Empty(&'static str),
 }
 
+/// serde_json's message, with every quoted value replaced by `"…"`: its invalid-type and
+/// invalid-value errors quote the string they met (`invalid type: string "orb_…", expected a
+/// sequence`), which may be the token put in the wrong field. Field names (in backticks),
+/// the line and the column stay.
+fn without_values(e: &serde_json::Error) -> String {
+    e.to_string()
+        .split('"')
+        .enumerate()
+        .map(|(i, part)| if i % 2 == 1 { "\"…\"" } else { part })
+        .collect()
+}
+
 impl Credentials {
     /// Reads `path`, refusing a file that group or others may read.
     pub fn load(path: &Path) -> Result<Credentials, CredentialsError> {
@@ -82,9 +82,8 @@ impl Credentials {
         }
         let text = std::fs::read(path)
             .map_err(|e| CredentialsError::Read(path.to_owned(), e.to_string()))?;
-        // serde's message names the field and position, never the value.
         serde_json::from_slice(&text)
-            .map_err(|e| CredentialsError::Malformed(path.to_owned(), e.to_string()))
+            .map_err(|e| CredentialsError::Malformed(path.to_owned(), without_values(&e)))
     }
 
     /// The credentials from a file and/or overrides: `token` and `queue` replace the file's
@@ -176,7 +175,35 @@ mod tests {
     fn the_token_never_prints() {
         let c = sample();
         assert!(!format!("{c:?}").contains("orb_secret_123"));
-        assert_eq!(c.token.to_string(), "***");
+        assert_eq!(format!("{:?}", c.token), "Token(***)");
+    }
+
+    #[test]
+    fn no_malformed_file_error_shows_a_value() {
+        let dir = std::env::temp_dir().join(format!("orbit-sdk-values-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("c.json");
+        // The token where a list belongs, and as a number: serde_json itself quotes the first.
+        for text in [
+            r#"{"token":"t","application":"a","namespace":"n","environment":"e","queue_id":"q","scopes":"orb_secret_in_the_wrong_field"}"#,
+            r#"{"token":["orb_secret_in_a_list"]}"#,
+            r#"{"token":"orb_secret_ok","application":1}"#,
+        ] {
+            std::fs::write(&path, text).unwrap();
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+            let raw = serde_json::from_str::<Credentials>(text)
+                .unwrap_err()
+                .to_string();
+            let e = Credentials::load(&path).unwrap_err().to_string();
+            assert!(!e.contains("orb_secret"), "{e}");
+            assert!(e.contains("not valid credentials JSON"), "{e}");
+            if text.contains("wrong_field") {
+                assert!(raw.contains("orb_secret"), "serde_json quotes it: {raw}");
+                assert!(e.contains("expected a sequence"), "{e}");
+            }
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -4,8 +4,6 @@
 //! Event bodies and results travel as raw JSON (`RawValue`): their exact text, big integers and
 //! decimal spellings included, reaches the handler untouched.
 
-use std::fmt;
-
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
@@ -30,25 +28,19 @@ pub const EVENT_TYPES: &[(&str, &str)] = &[
     ("task.needs_review", "NEEDS_REVIEW"),
 ];
 
-/// A lease proof: what an ACK must carry. Never printed.
-#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// A lease proof: what an ACK must carry. A [`secret::Secret`], so it prints as `***`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(transparent)]
-pub struct LeaseProof(String);
+pub struct LeaseProof(secret::Secret);
 
 impl LeaseProof {
     /// Wraps a proof.
     pub fn new(s: impl Into<String>) -> Self {
-        LeaseProof(s.into())
+        LeaseProof(secret::Secret::new(s))
     }
     /// The proof text, for the ACK message only.
     pub fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Debug for LeaseProof {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("LeaseProof(***)")
+        self.0.expose()
     }
 }
 

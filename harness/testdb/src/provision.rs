@@ -96,17 +96,11 @@ fn random_password() -> String {
     format!("P{:016x}{:016x}", a, h.finish())
 }
 
-/// A MySQL account made for one test.
-#[derive(Clone)]
+/// A MySQL account made for one test; its password prints as `***`.
+#[derive(Debug, Clone)]
 pub struct Account {
     pub user: String,
-    pub password: String,
-}
-
-impl std::fmt::Debug for Account {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Account({}, password: ***)", self.user)
-    }
+    pub password: secret::Secret,
 }
 
 /// One test's databases and accounts. Dropping it drops them.
@@ -138,7 +132,7 @@ impl Server {
         let tag = format!("{pid}_{n}");
         let account = |role: &str| Account {
             user: format!("rit_{tag}_{role}"),
-            password: random_password(),
+            password: random_password().into(),
         };
         let p = Provisioned {
             address: self.address(),
@@ -157,7 +151,8 @@ impl Server {
         for a in [&p.init, &p.runtime, &p.platform] {
             stmts.push(format!(
                 "CREATE USER '{}'@'%' IDENTIFIED BY '{}'",
-                a.user, a.password
+                a.user,
+                a.password.expose()
             ));
         }
         stmts.extend(p.grants(false));
@@ -213,7 +208,12 @@ impl Provisioned {
     }
 
     fn receiver_url_for(&self, a: &Account) -> String {
-        url(&a.user, &a.password, &self.address, Some(&self.receiver_db))
+        url(
+            &a.user,
+            a.password.expose(),
+            &self.address,
+            Some(&self.receiver_db),
+        )
     }
 
     /// The init account's URL on the receiver database.
@@ -230,7 +230,7 @@ impl Provisioned {
     pub fn platform_url(&self) -> String {
         url(
             &self.platform.user,
-            &self.platform.password,
+            self.platform.password.expose(),
             &self.address,
             Some(&self.platform_db),
         )
@@ -240,7 +240,7 @@ impl Provisioned {
     pub fn runtime_url_on_platform_db(&self) -> String {
         url(
             &self.runtime.user,
-            &self.runtime.password,
+            self.runtime.password.expose(),
             &self.address,
             Some(&self.platform_db),
         )

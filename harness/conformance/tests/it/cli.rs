@@ -64,7 +64,7 @@ async fn init_creates_the_schema_once_and_refuses_a_second_time() {
         "{err}"
     );
     assert!(err.contains("receiver_inbox, receiver_task_views"), "{err}");
-    assert!(!err.contains(&db.init.password), "{err}");
+    assert!(!err.contains(db.init.password.expose()), "{err}");
     assert_eq!(structure(&mut admin).await, before);
 }
 
@@ -120,7 +120,7 @@ async fn an_unknown_database_gets_a_clear_error() {
         err.contains("database `no_such_receiver_db` does not exist or this account cannot use it"),
         "{err}"
     );
-    assert!(!err.contains(&db.init.password), "{err}");
+    assert!(!err.contains(db.init.password.expose()), "{err}");
 }
 
 #[tokio::test]
@@ -128,7 +128,7 @@ async fn a_wrong_password_is_named_without_echoing_it() {
     let db = ReceiverDb::provisioned().await;
     let url = db
         .init_url()
-        .replace(&db.init.password, "not-the-password-x9");
+        .replace(db.init.password.expose(), "not-the-password-x9");
     let out = receiver(&["init"], &[("ORBIT_RECEIVER_DSN", &url)]);
     assert_eq!(out.status.code(), Some(1));
     let err = text(&out.stderr);

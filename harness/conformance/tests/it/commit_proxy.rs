@@ -107,7 +107,7 @@ async fn the_mariadb_command_line_client_loses_its_commit_ok() {
             "-e",
             "BEGIN; INSERT INTO receiver_inbox VALUES ('cli', 'q', 'evt-cli', UNHEX(SHA2('x', 256)), 'x', 0, UTC_TIMESTAMP(6)); COMMIT;",
         ])
-        .env("MYSQL_PWD", &rdb.db.runtime.password)
+        .env("MYSQL_PWD", rdb.db.runtime.password.expose())
         .stdin(Stdio::null())
         .output()
         .unwrap();

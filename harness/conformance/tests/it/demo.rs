@@ -66,7 +66,7 @@ async fn assert_no_secrets(orbit: &OrbitDev, output: &str, secrets: &[&str]) {
     let token = orbit.credentials().token.expose().to_owned();
     assert!(!output.contains(&token), "the token was printed");
     for p in [&orbit.db.runtime.password, &orbit.db.init.password] {
-        assert!(!output.contains(p.as_str()), "a DSN password was printed");
+        assert!(!output.contains(p.expose()), "a DSN password was printed");
     }
     for s in secrets {
         assert!(!output.contains(s), "{s} was printed");

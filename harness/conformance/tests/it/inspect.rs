@@ -230,7 +230,7 @@ async fn digest_agrees_with_what_the_store_wrote_and_inspect_tells_each_case() {
     let out = receiver(&["retention", "--help"], &[], None);
     assert!(text(&out.stdout).contains("deletes nothing"));
 
-    assert!(!text(&out.stdout).contains(&rdb.db.runtime.password));
+    assert!(!text(&out.stdout).contains(rdb.db.runtime.password.expose()));
     std::fs::remove_file(conflict_file).unwrap();
 }
 
