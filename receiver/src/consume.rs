@@ -22,14 +22,14 @@ pub const CONCURRENCY: usize = 4;
 pub const DRAIN: Duration = Duration::from_secs(8);
 
 /// Why consume stopped with an error.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, thiserror::Error)]
 pub enum ConsumeError {
     #[error("cannot connect to the receiver database: {0}")]
-    Store(String),
+    Store(#[source] result_inbox::StorageError),
     #[error("cannot use the platform: {0}")]
-    Platform(String),
+    Platform(#[source] orbit_sdk::SdkError),
     #[error("cannot listen for SIGTERM/SIGINT: {0}")]
-    Signals(String),
+    Signals(#[source] std::io::Error),
     #[error("subscription {id} consumes queue {actual}, not the configured queue {configured}: refusing to start")]
     WrongQueue {
         id: String,
@@ -48,11 +48,11 @@ async fn start(
         &config.platform.url,
         config.platform.credentials.token.clone(),
     )
-    .map_err(|e| ConsumeError::Platform(e.to_string()))?;
+    .map_err(ConsumeError::Platform)?;
     let subscription = client
         .get_subscription(&config.subscription)
         .await
-        .map_err(|e| ConsumeError::Platform(e.to_string()))?;
+        .map_err(ConsumeError::Platform)?;
     if subscription.queue_id != queue.as_str() {
         return Err(ConsumeError::WrongQueue {
             id: subscription.id,
@@ -68,7 +68,7 @@ async fn start(
     };
     let store = Store::connect(&config.dsn, config.name.clone(), queue, options)
         .await
-        .map_err(|e| ConsumeError::Store(e.to_string()))?;
+        .map_err(ConsumeError::Store)?;
     Ok((client, subscription, Arc::new(store)))
 }
 
@@ -132,7 +132,8 @@ pub async fn run(
                     tracing::info!(delivery_id = %delivery_id, result = ?result, "ack answered")
                 }
                 ConsumerEvent::Connected => tracing::info!("stream connected"),
-                ConsumerEvent::HandlerFailed { .. } => {}
+                // Handler failures are logged by the handler; newer events are not ours to log.
+                _ => {}
             }
         }
     });

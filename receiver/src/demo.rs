@@ -202,7 +202,8 @@ async fn steps(
                 }
                 match result {
                     AckResult::Acked | AckResult::AlreadyAcked => break delivery_id,
-                    AckResult::Refused => {
+                    // Refused, or an answer newer than this program: not an ACK.
+                    _ => {
                         let _ = consumer.shutdown(STOP_TIMEOUT).await;
                         return Err(fail(format!(
                             "the platform refused the ACK: {}",

@@ -213,7 +213,7 @@ fn consume() -> ExitCode {
         ) {
             (Ok(term), Ok(int)) => (term, int),
             (Err(e), _) | (_, Err(e)) => {
-                return Err(receiver::consume::ConsumeError::Signals(e.to_string()))
+                return Err(receiver::consume::ConsumeError::Signals(e))
             }
         };
         let stop = async move {

@@ -14,7 +14,8 @@ use crate::wire::{
 };
 
 /// Why a call failed. Never contains a token or a proof.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum SdkError {
     /// The platform answered with an error.
     #[error("orbit {status} {code}: {message}")]
@@ -28,10 +29,45 @@ pub enum SdkError {
     Url(String),
     /// The platform could not be reached, or the connection broke.
     #[error("cannot reach the platform: {0}")]
-    Transport(String),
+    Transport(#[source] TransportError),
     /// The platform answered something that is not the contract.
     #[error("unexpected reply from the platform: {0}")]
     Decode(String),
+}
+
+/// A failure below the protocol (DNS, TCP, TLS, HTTP framing, a timeout), with the URL
+/// removed. `Display` gives the whole chain of causes on one line ("error sending request:
+/// connection refused"); `source()` gives the underlying error.
+#[derive(Debug)]
+pub struct TransportError(reqwest::Error);
+
+impl TransportError {
+    fn new(e: reqwest::Error) -> TransportError {
+        TransportError(e.without_url())
+    }
+
+    /// Whether it was a timeout (the platform did not answer in time).
+    pub fn is_timeout(&self) -> bool {
+        self.0.is_timeout()
+    }
+}
+
+impl std::fmt::Display for TransportError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0)?;
+        let mut cause = std::error::Error::source(&self.0);
+        while let Some(c) = cause {
+            write!(f, ": {c}")?;
+            cause = c.source();
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for TransportError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.0)
+    }
 }
 
 impl SdkError {
@@ -155,7 +191,7 @@ impl Client {
             .connect_timeout(Duration::from_secs(5))
             .timeout(Duration::from_secs(30))
             .build()
-            .map_err(|e| SdkError::Transport(e.to_string()))?;
+            .map_err(|e| SdkError::Transport(TransportError::new(e)))?;
         Ok(Client { http, base, token })
     }
 
@@ -184,12 +220,12 @@ impl Client {
         let resp = req
             .send()
             .await
-            .map_err(|e| SdkError::Transport(e.without_url().to_string()))?;
+            .map_err(|e| SdkError::Transport(TransportError::new(e)))?;
         let status = resp.status().as_u16();
         let bytes = resp
             .bytes()
             .await
-            .map_err(|e| SdkError::Transport(e.without_url().to_string()))?;
+            .map_err(|e| SdkError::Transport(TransportError::new(e)))?;
         if status >= 400 {
             return Err(match serde_json::from_slice::<ErrorBody>(&bytes) {
                 Ok(b) => SdkError::Api {

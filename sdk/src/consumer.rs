@@ -63,6 +63,7 @@ impl fmt::Debug for Delivery {
 
 /// What the consumer reports while it runs.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ConsumerEvent {
     /// The stream is open.
     Connected,

@@ -42,6 +42,7 @@ pub struct Credentials {
 
 /// Why credentials could not be had. Never contains the token.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum CredentialsError {
     #[error("{ORBIT_CREDENTIALS_FILE} is not set and {ORBIT_TOKEN}/{ORBIT_QUEUE_ID} do not both stand in for it")]
     Missing,

@@ -11,7 +11,7 @@ pub mod consumer;
 pub mod credentials;
 pub mod wire;
 
-pub use client::{Client, DeliveryFilter, SdkError};
+pub use client::{Client, DeliveryFilter, SdkError, TransportError};
 pub use consumer::{ConsumerEvent, Delivery, EventConsumer, Running, Summary};
 pub use credentials::{Credentials, CredentialsError, Token};
 pub use wire::AckResult;

@@ -183,6 +183,7 @@ pub enum ServerMessage {
 /// The platform's answer to an ACK.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum AckResult {
     /// This ACK moved the delivery to ACKED.
     Acked,
