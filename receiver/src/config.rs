@@ -133,6 +133,25 @@ pub fn receiver_name(source: &dyn Source, errors: &mut Vec<ConfigError>) -> Opti
     }
 }
 
+/// Reads `ORBIT_SUBSCRIPTION_ID`: 32 letters and digits. `missing` is the problem reported
+/// when it is not set.
+fn subscription_id(
+    source: &dyn Source,
+    errors: &mut Vec<ConfigError>,
+    missing: &str,
+) -> Option<String> {
+    let problem = match source.get(ORBIT_SUBSCRIPTION_ID) {
+        Some(s) if s.len() == 32 && s.bytes().all(|b| b.is_ascii_alphanumeric()) => return Some(s),
+        Some(_) => "must be a 32-character subscription id (letters and digits)",
+        None => missing,
+    };
+    errors.push(ConfigError {
+        variable: ORBIT_SUBSCRIPTION_ID,
+        problem: problem.into(),
+    });
+    None
+}
+
 /// The platform side of `demo` and `consume`: where it is, and who we are there.
 #[derive(Debug, Clone)]
 pub struct PlatformConfig {
@@ -227,30 +246,41 @@ fn log_format(source: &dyn Source, errors: &mut Vec<ConfigError>) -> LogFormat {
     }
 }
 
-/// What `receiver demo` needs.
+/// What `demo` and `consume` both need: the platform, the receiver database, the consumer
+/// name and the log format.
 #[derive(Debug, Clone)]
-pub struct DemoConfig {
+pub struct RunConfig {
     pub platform: PlatformConfig,
     pub dsn: Dsn,
     pub name: ConsumerName,
     pub log: LogFormat,
 }
 
+impl RunConfig {
+    /// Reads the variables every running command needs, collecting problems into `errors`.
+    fn read(source: &dyn Source, errors: &mut Vec<ConfigError>) -> Option<RunConfig> {
+        let platform = orbit(source, errors);
+        let dsn = receiver_dsn(source, errors);
+        let name = receiver_name(source, errors);
+        let log = log_format(source, errors);
+        Some(RunConfig {
+            platform: platform?,
+            dsn: dsn?,
+            name: name?,
+            log,
+        })
+    }
+}
+
+/// What `receiver demo` needs: nothing beyond [`RunConfig`].
+pub type DemoConfig = RunConfig;
+
 impl DemoConfig {
     /// Parses every variable `demo` reads.
     pub fn from_source(source: &dyn Source) -> Result<Self, ConfigErrors> {
         let mut errors = Vec::new();
-        let platform = orbit(source, &mut errors);
-        let dsn = receiver_dsn(source, &mut errors);
-        let name = receiver_name(source, &mut errors);
-        let log = log_format(source, &mut errors);
-        match (platform, dsn, name) {
-            (Some(platform), Some(dsn), Some(name)) if errors.is_empty() => Ok(DemoConfig {
-                platform,
-                dsn,
-                name,
-                log,
-            }),
+        match RunConfig::read(source, &mut errors) {
+            Some(run) if errors.is_empty() => Ok(run),
             _ => Err(ConfigErrors(errors)),
         }
     }
@@ -259,48 +289,23 @@ impl DemoConfig {
 /// What `receiver consume` needs.
 #[derive(Debug, Clone)]
 pub struct ConsumeConfig {
-    pub platform: PlatformConfig,
-    pub dsn: Dsn,
-    pub name: ConsumerName,
+    pub run: RunConfig,
     pub subscription: String,
-    pub log: LogFormat,
 }
 
 impl ConsumeConfig {
     /// Parses every variable `consume` reads.
     pub fn from_source(source: &dyn Source) -> Result<Self, ConfigErrors> {
         let mut errors = Vec::new();
-        let platform = orbit(source, &mut errors);
-        let dsn = receiver_dsn(source, &mut errors);
-        let name = receiver_name(source, &mut errors);
-        let subscription = match source.get(ORBIT_SUBSCRIPTION_ID) {
-            None => {
-                errors.push(ConfigError {
-                    variable: ORBIT_SUBSCRIPTION_ID,
-                    problem: "is not set: give the 32-character id of an existing subscription"
-                        .into(),
-                });
-                None
-            }
-            Some(s) if s.len() == 32 && s.bytes().all(|b| b.is_ascii_alphanumeric()) => Some(s),
-            Some(_) => {
-                errors.push(ConfigError {
-                    variable: ORBIT_SUBSCRIPTION_ID,
-                    problem: "must be a 32-character subscription id (letters and digits)".into(),
-                });
-                None
-            }
-        };
-        let log = log_format(source, &mut errors);
-        match (platform, dsn, name, subscription) {
-            (Some(platform), Some(dsn), Some(name), Some(subscription)) if errors.is_empty() => {
-                Ok(ConsumeConfig {
-                    platform,
-                    dsn,
-                    name,
-                    subscription,
-                    log,
-                })
+        let run = RunConfig::read(source, &mut errors);
+        let subscription = subscription_id(
+            source,
+            &mut errors,
+            "is not set: give the 32-character id of an existing subscription",
+        );
+        match (run, subscription) {
+            (Some(run), Some(subscription)) if errors.is_empty() => {
+                Ok(ConsumeConfig { run, subscription })
             }
             _ => Err(ConfigErrors(errors)),
         }
@@ -325,18 +330,11 @@ impl InspectConfig {
         let name = receiver_name(source, &mut errors);
         let (queue, platform) = if source.get(ORBIT_URL).is_some() {
             let platform = orbit(source, &mut errors);
-            let subscription = match source.get(ORBIT_SUBSCRIPTION_ID) {
-                Some(s) if s.len() == 32 && s.bytes().all(|b| b.is_ascii_alphanumeric()) => Some(s),
-                _ => {
-                    errors.push(ConfigError {
-                        variable: ORBIT_SUBSCRIPTION_ID,
-                        problem:
-                            "must name the subscription's 32-character id when ORBIT_URL is set"
-                                .into(),
-                    });
-                    None
-                }
-            };
+            let subscription = subscription_id(
+                source,
+                &mut errors,
+                "must name the subscription's 32-character id when ORBIT_URL is set",
+            );
             let queue = platform.as_ref().map(|p| p.queue.clone());
             (queue, platform.zip(subscription))
         } else {

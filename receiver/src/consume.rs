@@ -43,10 +43,10 @@ pub enum ConsumeError {
 async fn start(
     config: &ConsumeConfig,
 ) -> Result<(Client, orbit_sdk::wire::Subscription, Arc<Store>), ConsumeError> {
-    let queue = config.platform.queue.clone();
+    let queue = config.run.platform.queue.clone();
     let client = Client::new(
-        &config.platform.url,
-        config.platform.credentials.token.clone(),
+        &config.run.platform.url,
+        config.run.platform.credentials.token.clone(),
     )
     .map_err(ConsumeError::Platform)?;
     let subscription = client
@@ -66,7 +66,7 @@ async fn start(
         barrier: Some(crate::fault::store_hook()),
         ..StoreOptions::default()
     };
-    let store = Store::connect(&config.dsn, config.name.clone(), queue, options)
+    let store = Store::connect(&config.run.dsn, config.run.name.clone(), queue, options)
         .await
         .map_err(ConsumeError::Store)?;
     Ok((client, subscription, Arc::new(store)))
@@ -92,8 +92,8 @@ pub async fn run(
             return Ok(());
         }
     };
-    let queue = config.platform.queue.clone();
-    tracing::info!(subscription = %subscription.id, queue = %queue, consumer = %config.name, "consuming");
+    let queue = config.run.platform.queue.clone();
+    tracing::info!(subscription = %subscription.id, queue = %queue, consumer = %config.run.name, "consuming");
     let consumer = {
         let (store, queue) = (store.clone(), queue.clone());
         let consumer = EventConsumer::new(client, subscription.id.clone()).concurrency(CONCURRENCY);

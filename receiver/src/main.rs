@@ -201,7 +201,7 @@ fn consume() -> ExitCode {
         Ok(c) => c,
         Err(errors) => return config_failed("consume", errors),
     };
-    logging(config.log);
+    logging(config.run.log);
     let rt = runtime();
     let result = rt.block_on(async {
         // Registered before anything else: a signal during start-up also ends the process
@@ -212,9 +212,7 @@ fn consume() -> ExitCode {
             signal(SignalKind::interrupt()),
         ) {
             (Ok(term), Ok(int)) => (term, int),
-            (Err(e), _) | (_, Err(e)) => {
-                return Err(receiver::consume::ConsumeError::Signals(e))
-            }
+            (Err(e), _) | (_, Err(e)) => return Err(receiver::consume::ConsumeError::Signals(e)),
         };
         let stop = async move {
             tokio::select! {

@@ -205,25 +205,17 @@ impl Running {
     }
 }
 
-/// A small xorshift for backoff jitter; no need for a random-number crate.
-struct Jitter(u64);
+/// Backoff jitter from a generator seeded by the system (fastrand).
+struct Jitter(fastrand::Rng);
 
 impl Jitter {
     fn new() -> Jitter {
-        let seed = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos() as u64)
-            .unwrap_or(0x9E37_79B9_7F4A_7C15);
-        Jitter(seed | 1)
+        Jitter(fastrand::Rng::new())
     }
 
     /// `d` scaled by a factor in [0.5, 1.5).
     fn apply(&mut self, d: Duration) -> Duration {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        let factor = 0.5 + (self.0 % 1000) as f64 / 1000.0;
-        d.mul_f64(factor)
+        d.mul_f64(0.5 + self.0.f64())
     }
 }
 

@@ -5,7 +5,7 @@ use std::io::Read;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use conformance::{bare_command, receiver_bin, spawn, OrbitDev, QUEUE};
+use conformance::{bare_command, eventually, receiver_bin, spawn, OrbitDev, QUEUE};
 use orbit_sdk::DeliveryFilter;
 use sqlx::{Connection, Executor, MySqlConnection, Row};
 
@@ -370,27 +370,23 @@ async fn consume_stops_within_ten_seconds_while_a_handler_waits_on_a_row_lock() 
     let mut consume = spawn(piped(receiver(&["consume"], &env)));
     // Wait until the handler sits in the view lock.
     let db = orbit.db.receiver_db.clone();
-    let mut admin = MySqlConnection::connect(&orbit.db.admin_receiver_url())
+    let admin = sqlx::MySqlPool::connect(&orbit.db.admin_receiver_url())
         .await
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let waiting: i64 = sqlx::query("SELECT COUNT(*) FROM information_schema.processlist WHERE db = ? AND info LIKE 'SELECT task_version%FOR UPDATE'")
-            .bind(&db)
-            .fetch_one(&mut admin)
-            .await
-            .unwrap()
-            .try_get(0)
-            .unwrap();
-        if waiting > 0 {
-            break;
+    eventually(Duration::from_secs(10), "the handler to reach the row lock", || {
+        let (admin, db) = (admin.clone(), db.clone());
+        async move {
+            let waiting: i64 = sqlx::query("SELECT COUNT(*) FROM information_schema.processlist WHERE db = ? AND info LIKE 'SELECT task_version%FOR UPDATE'")
+                .bind(&db)
+                .fetch_one(&admin)
+                .await
+                .unwrap()
+                .try_get(0)
+                .unwrap();
+            waiting > 0
         }
-        assert!(
-            Instant::now() < deadline,
-            "the handler never reached the row lock"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await;
     sigterm(&consume);
     let stopped = Instant::now();
     let status = loop {
@@ -425,31 +421,32 @@ async fn consume_stops_within_ten_seconds_while_a_handler_waits_on_a_row_lock() 
 
     // A new consumer gets the delivery again after its lease and applies it once.
     let again = spawn(piped(receiver(&["consume"], &env)));
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let cancelled = loop {
-        let d = client
-            .list_deliveries(
-                &sub.id,
-                &DeliveryFilter {
-                    task_id: Some(task.id.clone()),
-                    ..Default::default()
-                },
-            )
-            .await
-            .unwrap();
-        let c: Vec<_> = d
-            .into_iter()
-            .filter(|d| d.event_type == "task.cancelled")
-            .collect();
-        if c.iter().all(|d| d.state == "ACKED") && !c.is_empty() {
-            break c;
+    let cancelled_deliveries = || {
+        let (client, sub, task) = (client.clone(), sub.id.clone(), task.id.clone());
+        async move {
+            let filter = DeliveryFilter {
+                task_id: Some(task),
+                ..Default::default()
+            };
+            let d = client.list_deliveries(&sub, &filter).await.unwrap();
+            d.into_iter()
+                .filter(|d| d.event_type == "task.cancelled")
+                .collect::<Vec<_>>()
         }
-        assert!(
-            Instant::now() < deadline,
-            "the delivery was not applied again: {c:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
     };
+    eventually(
+        Duration::from_secs(20),
+        "the delivery to be applied again and ACKED",
+        || {
+            let listed = cancelled_deliveries();
+            async move {
+                let c = listed.await;
+                !c.is_empty() && c.iter().all(|d| d.state == "ACKED")
+            }
+        },
+    )
+    .await;
+    let cancelled = cancelled_deliveries().await;
     assert!(cancelled[0].attempts >= 2);
     sigterm(&again);
     let out = tokio::task::spawn_blocking(move || again.wait_with_output().unwrap())

@@ -542,27 +542,22 @@ async fn database_loss_acks_nothing_and_every_event_is_applied_once_when_it_is_b
     assert!(!output.contains(&dsn), "the DSN was printed");
 }
 
-/// splitmix64: a small seeded generator, so that a failing schedule replays from its seed.
-struct Rng(u64);
+/// The crash loop's generator: fastrand, seeded, so that a failing schedule replays from its
+/// seed (with the fastrand version in Cargo.lock).
+struct Rng(fastrand::Rng);
 
 impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+    fn new(seed: u64) -> Rng {
+        Rng(fastrand::Rng::with_seed(seed))
     }
 
     /// A number in `0..n`.
     fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
+        self.0.u64(0..n)
     }
 
     fn shuffle<T>(&mut self, items: &mut [T]) {
-        for i in (1..items.len()).rev() {
-            items.swap(i, self.below(i as u64 + 1) as usize);
-        }
+        self.0.shuffle(items)
     }
 }
 
@@ -683,7 +678,7 @@ async fn crash_loop_of_twenty_kills_loses_nothing_and_applies_nothing_twice() {
         std::io::stderr(),
         "crash-loop: seed={seed} (replay: CRASH_LOOP_SEED={seed} cargo test -p conformance --test it crash_loop)"
     );
-    let mut rng = Rng(seed);
+    let mut rng = Rng::new(seed);
     let (orbit, client, sub, env) = subscribed_receiver(
         &[
             "--lease-seconds",

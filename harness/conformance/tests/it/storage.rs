@@ -482,13 +482,7 @@ async fn sixty_four_shuffled_versions_end_at_the_highest() {
     let store = Arc::new(rdb.store().await);
     // A fixed shuffle (a permutation of 1..=64), so a failure reproduces.
     let mut versions: Vec<u64> = (1..=64).collect();
-    let mut seed = 0x9E37_79B9_7F4A_7C15u64;
-    for i in (1..versions.len()).rev() {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        versions.swap(i, (seed % (i as u64 + 1)) as usize);
-    }
+    fastrand::Rng::with_seed(0x9E37_79B9_7F4A_7C15).shuffle(&mut versions);
     let mut handles = Vec::new();
     for v in versions {
         let store = store.clone();
