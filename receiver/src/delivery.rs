@@ -98,14 +98,21 @@ pub fn parse(raw: &[u8], queue: &QueueId) -> Result<TaskEvent, Handled> {
     })
 }
 
+impl Handled {
+    /// How to report the result of applying `event`.
+    pub fn of(event: &TaskEvent, result: &Result<Outcome, ApplyError>) -> Handled {
+        Handled {
+            classification: Classification::of(result),
+            event_id: Some(event.id().to_string()),
+            detail: result.as_ref().err().map(|e| e.to_string()),
+        }
+    }
+}
+
 /// Applies `event` once; the outcome and how to report it.
 pub async fn apply(store: &Store, event: &TaskEvent) -> (Option<Outcome>, Handled) {
     let result = store.apply(event).await;
-    let handled = Handled {
-        classification: Classification::of(&result),
-        event_id: Some(event.id().to_string()),
-        detail: result.as_ref().err().map(|e| e.to_string()),
-    };
+    let handled = Handled::of(event, &result);
     (result.ok(), handled)
 }
 
@@ -126,5 +133,113 @@ pub fn foreign(event: &TaskEvent) -> Handled {
             "the event is for task {}, not this program's task; not ACKed",
             event.task()
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+
+    use result_inbox::{ApplyError, Conflict, Digest, Outcome, QueueId, StorageError, TaskEvent};
+
+    use super::*;
+
+    /// A writer into a shared buffer, for capturing log lines.
+    #[derive(Clone, Default)]
+    struct Buffer(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Buffer {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    fn queue() -> QueueId {
+        QueueId::new("inbox-demo").unwrap()
+    }
+
+    fn event(task: &str) -> TaskEvent {
+        let text = format!(
+            r#"{{"id":"evt-1","type":"task.cancelled","namespace":"default","queue_id":"inbox-demo","task_id":"{task}","task_version":2,"state":"CANCELLED","occurred_at":"2026-12-02T14:17:05Z"}}"#
+        );
+        TaskEvent::parse(text.as_bytes(), &queue()).unwrap()
+    }
+
+    /// Every classification, each made the way the receiver makes it: from a real apply
+    /// result, a real rejection, or the demo's foreign-event check.
+    fn every_case() -> Vec<Handled> {
+        let e = event("t-1");
+        let result = |r: Result<Outcome, ApplyError>| Handled::of(&e, &r);
+        let write_error: result_inbox::store::WriteError = "the ledger refused it".into();
+        let cases = vec![
+            result(Ok(Outcome::Applied)),
+            result(Ok(Outcome::Duplicate { applied: true })),
+            result(Ok(Outcome::Stale)),
+            result(Err(ApplyError::Conflict(Conflict::DigestMismatch {
+                stored: Digest([0xab; 32]),
+                delivered: Digest([0xcd; 32]),
+            }))),
+            parse(br#"{"id":"evt-1","id":"evt-2"}"#, &queue()).unwrap_err(),
+            result(Err(ApplyError::CommitUnconfirmed)),
+            result(Err(ApplyError::Storage(StorageError::from_sqlx(
+                &sqlx::Error::PoolTimedOut,
+            )))),
+            result(Err(ApplyError::Timeout(Duration::from_secs(5)))),
+            result(Err(ApplyError::Write(write_error))),
+            foreign(&event("t-2")),
+        ];
+        // Every variant once: a new classification fails to compile here until it has a case.
+        let mut seen = Vec::new();
+        for h in &cases {
+            let n = match h.classification {
+                Classification::Applied => 0,
+                Classification::Duplicate => 1,
+                Classification::Stale => 2,
+                Classification::Conflict => 3,
+                Classification::Rejected(_) => 4,
+                Classification::CommitUnconfirmed => 5,
+                Classification::StorageError => 6,
+                Classification::Timeout => 7,
+                Classification::WriteFailed => 8,
+                Classification::Foreign => 9,
+            };
+            seen.push(n);
+        }
+        assert_eq!(seen, (0..10).collect::<Vec<_>>());
+        cases
+    }
+
+    #[test]
+    fn only_recorded_outcomes_ack() {
+        let acks: Vec<String> = every_case()
+            .iter()
+            .filter(|h| h.classification.acks())
+            .map(|h| h.classification.to_string())
+            .collect();
+        assert_eq!(acks, ["applied", "duplicate", "stale"]);
+    }
+
+    #[test]
+    fn one_log_line_per_classification() {
+        let buffer = Buffer::default();
+        let writer = buffer.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_target(false)
+            .with_ansi(false)
+            .without_time()
+            .finish();
+        tracing::subscriber::with_default(subscriber, || {
+            for h in every_case() {
+                h.log("d-1", 2, 7);
+            }
+        });
+        let text = String::from_utf8(buffer.0.lock().unwrap().clone()).unwrap();
+        insta::assert_snapshot!(text);
     }
 }

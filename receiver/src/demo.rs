@@ -68,7 +68,6 @@ impl std::error::Error for DemoError {}
 /// What the handler saw of this program's event.
 #[derive(Debug, Default)]
 struct Seen {
-    delivery: Option<String>,
     first: Option<Outcome>,
     second: Option<Outcome>,
 }
@@ -175,7 +174,6 @@ async fn steps(
                     }
                 }
                 let mut s = seen.lock().unwrap_or_else(|p| p.into_inner());
-                s.delivery = Some(d.delivery_id.clone());
                 s.first = outcomes.first().copied();
                 s.second = outcomes.get(1).copied();
                 Ok(())

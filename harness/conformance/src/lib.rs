@@ -431,7 +431,8 @@ impl OrbitDev {
             .args(["--listen", &self.addr])
             .args(&self.args)
             .env("ORBIT_MYSQL_DSN", self.db.platform_url())
-            .stdout(std::process::Stdio::piped());
+            .stdout(std::process::Stdio::piped())
+            .stderr(self.log_file());
         let mut child = testdb::spawn_tied(cmd).expect("orbit-dev starts");
         let mut line = String::new();
         std::io::BufReader::new(child.stdout.take().expect("stdout"))
@@ -445,6 +446,24 @@ impl OrbitDev {
         self.url = format!("http://{addr}");
         self.addr = addr;
         self.child = Some(child);
+    }
+
+    /// Where the server's standard error goes (appended across restarts).
+    fn log_path(&self) -> PathBuf {
+        self.credentials_file.with_file_name("orbit-dev.log")
+    }
+
+    fn log_file(&self) -> std::fs::File {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.log_path())
+            .expect("orbit-dev's log file opens")
+    }
+
+    /// What the server wrote to standard error so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.log_path()).unwrap_or_default()
     }
 
     /// The server's process id (0 when it is not running).

@@ -139,7 +139,8 @@ async fn an_error_reply_to_commit_is_a_definite_retryable_failure() {
     assert_eq!(rule.firings().len(), 1);
     assert_eq!(rdb.scalar("SELECT COUNT(*) FROM receiver_inbox").await, 0);
 
-    // The same store (its ROLLBACK went through the proxy) applies it on the next try.
+    // COMMIT had been sent, so the store closed that connection rather than pool it; the same
+    // store applies the event on the next try, on a fresh connection.
     assert_eq!(proxied.apply(&event).await.unwrap(), Outcome::Applied);
     assert_eq!(
         rdb.scalar("SELECT CAST(SUM(applied_events) AS SIGNED) FROM receiver_task_views")

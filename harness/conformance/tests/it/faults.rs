@@ -322,9 +322,11 @@ async fn a_lost_ack_reply_and_a_killed_process_leave_the_delivery_acked_once() {
     first.sigkill();
     assert_eq!(acked.attempts, 1);
 
-    // Well past the lease: nothing comes again.
+    // A marker event after it: the platform hands out deliveries oldest first, so once the
+    // second consumer has ACKed the marker, the first delivery would have come before it.
     let second = Consumer::normal(&env);
-    tokio::time::sleep(Duration::from_secs(4)).await;
+    cancelled_task(&client).await;
+    all_acked(&client, &sub.id, Some(2), Duration::from_secs(20)).await;
     let output = second.stop().await;
     assert!(
         delivery_lines(&output, &acked.event_id).is_empty(),
@@ -333,6 +335,10 @@ async fn a_lost_ack_reply_and_a_killed_process_leave_the_delivery_acked_once() {
     let after = client.get_delivery(&acked.id).await.unwrap();
     assert_eq!((after.state.as_str(), after.attempts), ("ACKED", 1));
     assert_eq!(orbit.deliveries_of(&sub.id, &acked.event_id).await.len(), 1);
+    assert!(
+        output.contains("classification=applied"),
+        "the marker was applied by the second consumer: {output}"
+    );
     assert_eq!(
         orbit.view(&task).await,
         Some((2, "CANCELLED".to_owned(), 1))
@@ -402,7 +408,18 @@ async fn a_poison_event_expires_in_the_window_and_is_applied_once_after_the_fix_
 
     // The EXPIRED delivery holds the window of 1: a good event waits behind it.
     let good = cancelled_task(&client).await;
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // The platform says when its window holds a delivery back.
+    eventually(
+        Duration::from_secs(10),
+        "orbit-dev to report the full window holding the good delivery",
+        || {
+            let held = orbit
+                .log()
+                .contains("window full (1 of 1 leased or expired); holding 1 pending");
+            async move { held }
+        },
+    )
+    .await;
     let waiting = client
         .list_deliveries(
             &sub.id,
@@ -493,8 +510,27 @@ async fn database_loss_acks_nothing_and_every_event_is_applied_once_when_it_is_b
     )
     .await;
     assert!(consumer.try_wait().is_none(), "consume keeps running");
-    // An ACK, had one been sent, lands within milliseconds.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Each lost delivery's first lease runs out unACKed: it is back to PENDING, or leased
+    // again. An ACK after a failed apply would have landed within that lease.
+    eventually(
+        Duration::from_secs(30),
+        "both first leases to run out",
+        || {
+            let (client, sub) = (client.clone(), sub.id.clone());
+            async move {
+                let d = client
+                    .list_deliveries(&sub, &Default::default())
+                    .await
+                    .unwrap();
+                d.iter()
+                    .filter(|d| d.state != "ACKED")
+                    .filter(|d| d.attempts >= 2 || (d.state == "PENDING" && d.attempts >= 1))
+                    .count()
+                    == 2
+            }
+        },
+    )
+    .await;
     let during = client
         .list_deliveries(&sub.id, &Default::default())
         .await

@@ -31,6 +31,20 @@ async fn subscribed(args: &[&str]) -> (OrbitDev, Client, orbit_sdk::wire::Subscr
     (orbit, client, sub)
 }
 
+/// Waits until orbit-dev reports that its stream holds deliveries back for the reason
+/// `what` (its "subscription …: <what>" line): the positive signal before an absence check.
+async fn wait_for_hold(orbit: &OrbitDev, what: &str) {
+    eventually(
+        Duration::from_secs(10),
+        &format!("orbit-dev to report \"{what}\""),
+        || {
+            let seen = orbit.log().contains(what);
+            async move { seen }
+        },
+    )
+    .await;
+}
+
 /// A cancelled task: one `task.cancelled` event.
 async fn cancelled_task(client: &Client) -> String {
     let task = client.submit_task(QUEUE, None).await.unwrap();
@@ -201,9 +215,14 @@ async fn a_spent_budget_expires_and_occupies_the_window_until_budget_is_added() 
     let expired = deliveries(&client, &sub.id).await[0].clone();
     assert_eq!(expired.attempts, 2);
 
-    // The EXPIRED delivery fills the window of 1: a second event is not delivered.
+    // The EXPIRED delivery fills the window of 1: a second event is not delivered, and the
+    // platform says so.
     cancelled_task(&client).await;
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    wait_for_hold(
+        &orbit,
+        "window full (1 of 1 leased or expired); holding 1 pending",
+    )
+    .await;
     let all = deliveries(&client, &sub.id).await;
     assert_eq!(all[1].state, "PENDING", "{all:?}");
     assert_eq!(all[1].attempts, 0);
@@ -234,7 +253,7 @@ async fn a_spent_budget_expires_and_occupies_the_window_until_budget_is_added() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pause_holds_deliveries_and_resume_releases_the_backlog() {
-    let (_orbit, client, sub) = subscribed(&[]).await;
+    let (orbit, client, sub) = subscribed(&[]).await;
     for _ in 0..3 {
         cancelled_task(&client).await;
     }
@@ -247,7 +266,7 @@ async fn pause_holds_deliveries_and_resume_releases_the_backlog() {
             async { Ok::<(), String>(()) }
         })
     };
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    wait_for_hold(&orbit, "paused; holding 3 pending").await;
     assert_eq!(handled.load(Ordering::SeqCst), 0, "nothing while paused");
     assert!(client.resume_subscription(&sub.id).await.unwrap().enabled);
     let c = client.clone();
@@ -372,7 +391,7 @@ async fn limits_scopes_queues_and_tokens() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn blocked_handlers_hold_at_most_the_concurrency_and_shutdown_meets_its_deadline() {
-    let (_orbit, client, sub) = subscribed(&[]).await;
+    let (orbit, client, sub) = subscribed(&[]).await;
     for _ in 0..10 {
         cancelled_task(&client).await;
     }
@@ -395,7 +414,8 @@ async fn blocked_handlers_hold_at_most_the_concurrency_and_shutdown_meets_its_de
         async move { s2.load(Ordering::SeqCst) == 4 }
     })
     .await;
-    tokio::time::sleep(Duration::from_millis(800)).await;
+    // The platform holds the other six back because the consumer gave no more credit.
+    wait_for_hold(&orbit, "the client has no credit; holding 6 pending").await;
     let leased = client
         .list_deliveries(
             &sub.id,
@@ -432,12 +452,22 @@ async fn a_killed_platform_comes_back_and_nothing_is_lost_or_acked_twice() {
         cancelled_task(&client).await;
     }
     let acks: Arc<Mutex<HashMap<String, Vec<AckResult>>>> = Arc::default();
-    let consumer = EventConsumer::new(client.clone(), sub.id.clone())
-        .backoff(Duration::from_millis(50), Duration::from_millis(300))
-        .start(|_d| async {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            Ok::<(), String>(())
-        });
+    // Handlers hold until the platform is down, so deliveries are surely in flight at the kill.
+    let (release, released) = tokio::sync::watch::channel(false);
+    let started = Arc::new(AtomicUsize::new(0));
+    let consumer = {
+        let started = started.clone();
+        EventConsumer::new(client.clone(), sub.id.clone())
+            .backoff(Duration::from_millis(50), Duration::from_millis(300))
+            .start(move |_d| {
+                started.fetch_add(1, Ordering::SeqCst);
+                let mut released = released.clone();
+                async move {
+                    let _ = released.wait_for(|r| *r).await;
+                    Ok::<(), String>(())
+                }
+            })
+    };
     let mut events = consumer.events();
     let recorder = {
         let acks = acks.clone();
@@ -458,9 +488,24 @@ async fn a_killed_platform_comes_back_and_nothing_is_lost_or_acked_twice() {
             }
         })
     };
-    tokio::time::sleep(Duration::from_millis(150)).await;
+    let s2 = started.clone();
+    eventually(Duration::from_secs(10), "handlers to be running", || {
+        let n = s2.load(Ordering::SeqCst);
+        async move { n >= 1 }
+    })
+    .await;
+    let mut disconnected = consumer.events();
     orbit.kill();
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Their ACKs go out while the platform is down; the consumer must keep them.
+    release.send(true).unwrap();
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while !matches!(
+            disconnected.recv().await,
+            Ok(ConsumerEvent::Disconnected { .. }) | Err(_)
+        ) {}
+    })
+    .await
+    .expect("the consumer notices the platform is gone");
     orbit.restart();
     for _ in 0..5 {
         cancelled_task(&client).await;

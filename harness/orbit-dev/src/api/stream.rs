@@ -48,7 +48,7 @@ pub(super) async fn stream(
 
 /// Leases the oldest PENDING delivery of `sub`, if the subscription is enabled and its window
 /// has room; returns the message to send.
-async fn lease_one(p: &Platform, sub: &str) -> Result<Option<ServerMessage>, sqlx::Error> {
+async fn lease_one(p: &Platform, sub: &str) -> Result<Lease, sqlx::Error> {
     let mut tx = p.pool.begin().await?;
     let Some(s) =
         sqlx::query("SELECT enabled, window_size FROM orbit_subscriptions WHERE id = ? FOR UPDATE")
@@ -56,12 +56,12 @@ async fn lease_one(p: &Platform, sub: &str) -> Result<Option<ServerMessage>, sql
             .fetch_optional(&mut *tx)
             .await?
     else {
-        return Ok(None);
+        return Ok(Lease::Nothing);
     };
     let enabled: bool = s.try_get(0)?;
     let window: u32 = s.try_get(1)?;
     if !enabled {
-        return Ok(None);
+        return held(&mut tx, sub, "paused".to_owned()).await;
     }
     let outstanding: i64 = sqlx::query("SELECT COUNT(*) FROM orbit_deliveries WHERE subscription_id = ? AND state IN ('LEASED', 'EXPIRED')")
         .bind(sub)
@@ -69,7 +69,8 @@ async fn lease_one(p: &Platform, sub: &str) -> Result<Option<ServerMessage>, sql
         .await?
         .try_get(0)?;
     if outstanding >= i64::from(window) {
-        return Ok(None);
+        let why = format!("window full ({outstanding} of {window} leased or expired)");
+        return held(&mut tx, sub, why).await;
     }
     let Some(d) = sqlx::query("SELECT seq, id, attempts FROM orbit_deliveries \
                                WHERE subscription_id = ? AND state = 'PENDING' ORDER BY seq LIMIT 1 FOR UPDATE")
@@ -77,7 +78,7 @@ async fn lease_one(p: &Platform, sub: &str) -> Result<Option<ServerMessage>, sql
         .fetch_optional(&mut *tx)
         .await?
     else {
-        return Ok(None);
+        return Ok(Lease::Nothing);
     };
     let seq: u64 = d.try_get(0)?;
     let delivery_id: String = d.try_get_unchecked(1)?;
@@ -103,13 +104,70 @@ async fn lease_one(p: &Platform, sub: &str) -> Result<Option<ServerMessage>, sql
     let expires: String = row.try_get_unchecked(1)?;
     let event = RawValue::from_string(String::from_utf8_lossy(&body).into_owned())
         .map_err(|e| sqlx::Error::Decode(Box::new(e)))?;
-    Ok(Some(ServerMessage::Delivery {
+    Ok(Lease::Leased(ServerMessage::Delivery {
         delivery_id,
         attempt,
         proof: orbit_sdk::wire::LeaseProof::new(proof),
         lease_expires_at: expires,
         event,
     }))
+}
+
+/// What one leasing attempt found.
+enum Lease {
+    /// A delivery, leased: the message to send.
+    Leased(ServerMessage),
+    /// No PENDING delivery.
+    Nothing,
+    /// PENDING deliveries wait, and why (paused, or the window is full).
+    Held { why: String, pending: i64 },
+}
+
+/// [`Lease::Held`] when `sub` has PENDING deliveries, else [`Lease::Nothing`].
+async fn held(
+    tx: &mut sqlx::Transaction<'_, sqlx::MySql>,
+    sub: &str,
+    why: String,
+) -> Result<Lease, sqlx::Error> {
+    let pending = pending_count(&mut **tx, sub).await?;
+    Ok(if pending > 0 {
+        Lease::Held { why, pending }
+    } else {
+        Lease::Nothing
+    })
+}
+
+async fn pending_count<'e>(
+    db: impl sqlx::Executor<'e, Database = sqlx::MySql>,
+    sub: &str,
+) -> Result<i64, sqlx::Error> {
+    sqlx::query(
+        "SELECT COUNT(*) FROM orbit_deliveries WHERE subscription_id = ? AND state = 'PENDING'",
+    )
+    .bind(sub)
+    .fetch_one(db)
+    .await?
+    .try_get(0)
+}
+
+/// Says on standard error why a stream holds PENDING deliveries back, once per change, so
+/// that a person (or a test) can tell "nothing to send" from "not sending".
+#[derive(Default)]
+struct HoldReport(Option<(String, i64)>);
+
+impl HoldReport {
+    fn holding(&mut self, sub: &str, why: String, pending: i64) {
+        let now = Some((why, pending));
+        if self.0 != now {
+            let (why, pending) = now.as_ref().expect("just set");
+            eprintln!("orbit-dev: subscription {sub}: {why}; holding {pending} pending");
+            self.0 = now;
+        }
+    }
+
+    fn clear(&mut self) {
+        self.0 = None;
+    }
 }
 
 /// Checks an ACK against the delivery's current lease and records it.
@@ -171,11 +229,13 @@ async fn serve_stream(p: Shared, sub: String, mut socket: WebSocket) {
     let mut credit: u32 = 0;
     let mut heartbeat = tokio::time::interval(Duration::from_secs(10));
     let mut poll = tokio::time::interval(Duration::from_millis(250));
+    let mut report = HoldReport::default();
     loop {
         // Hand out deliveries while the client has credit.
         while credit > 0 {
             match lease_one(&p, &sub).await {
-                Ok(Some(m)) => {
+                Ok(Lease::Leased(m)) => {
+                    report.clear();
                     credit -= 1;
                     if !send(&mut socket, &m).await {
                         return;
@@ -185,11 +245,24 @@ async fn serve_stream(p: Shared, sub: String, mut socket: WebSocket) {
                         return;
                     }
                 }
-                Ok(None) => break,
+                Ok(Lease::Nothing) => {
+                    report.clear();
+                    break;
+                }
+                Ok(Lease::Held { why, pending }) => {
+                    report.holding(&sub, why, pending);
+                    break;
+                }
                 Err(e) => {
                     eprintln!("orbit-dev: leasing failed: {e}");
                     break;
                 }
+            }
+        }
+        if credit == 0 {
+            match pending_count(&p.pool, &sub).await {
+                Ok(0) | Err(_) => report.clear(),
+                Ok(pending) => report.holding(&sub, "the client has no credit".to_owned(), pending),
             }
         }
         let wake = p.wake.notified();
