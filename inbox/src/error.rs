@@ -72,8 +72,11 @@ pub enum StorageKind {
     Deadlock,
     /// 1205: retry the whole transaction.
     LockWaitTimeout,
-    /// The server could not be reached, or the connection broke before COMMIT was sent.
+    /// The server could not be reached, or the connection broke before COMMIT was sent
+    /// (Galera's 1047 and 1180 included: a node not ready, a failed commit on a node).
     Unavailable,
+    /// The server did not answer a probe in time (it may be stopped or overloaded).
+    NotAnswering,
     /// The receiver's tables are missing (run `receiver init`).
     SchemaMissing,
     /// The server refused the account's user name and password (1045).
@@ -90,6 +93,14 @@ impl StorageError {
     pub(crate) fn unexpected(what: &'static str) -> Self {
         StorageError {
             kind: StorageKind::Unexpected(what),
+            number: None,
+            sqlstate: None,
+        }
+    }
+
+    pub(crate) fn not_answering() -> Self {
+        StorageError {
+            kind: StorageKind::NotAnswering,
             number: None,
             sqlstate: None,
         }
@@ -112,7 +123,10 @@ impl StorageError {
                     Some(1045) => StorageKind::AccessDenied,
                     Some(1044 | 1142 | 1143 | 1227) => StorageKind::PermissionDenied,
                     // Too many connections, server shutting down, connection killed.
-                    Some(1040 | 1053 | 1077 | 1927 | 4031) => StorageKind::Unavailable,
+                    // Galera: 1047 (the node is not ready), 1180 (commit failed on the node).
+                    Some(1040 | 1047 | 1053 | 1077 | 1180 | 1927 | 4031) => {
+                        StorageKind::Unavailable
+                    }
                     _ => StorageKind::Server,
                 }
             }
@@ -150,7 +164,19 @@ impl StorageError {
     pub fn is_retryable(&self) -> bool {
         matches!(
             self.kind,
-            StorageKind::Deadlock | StorageKind::LockWaitTimeout | StorageKind::Unavailable
+            StorageKind::Deadlock
+                | StorageKind::LockWaitTimeout
+                | StorageKind::Unavailable
+                | StorageKind::NotAnswering
+        )
+    }
+
+    /// Whether the failure says the database as a whole cannot be used right now (rather
+    /// than this one transaction failing): what a consumer should hold back new work for.
+    pub fn is_unavailable(&self) -> bool {
+        matches!(
+            self.kind,
+            StorageKind::Unavailable | StorageKind::NotAnswering
         )
     }
 }
@@ -161,6 +187,7 @@ impl fmt::Display for StorageError {
             StorageKind::Deadlock => "deadlock, retryable",
             StorageKind::LockWaitTimeout => "lock wait timeout, retryable",
             StorageKind::Unavailable => "database unavailable, retryable",
+            StorageKind::NotAnswering => "database not answering, retryable",
             StorageKind::SchemaMissing => {
                 "receiver tables missing: run `receiver init` against this database"
             }

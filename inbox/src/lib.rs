@@ -22,6 +22,7 @@ pub mod event;
 #[cfg(feature = "fault-hooks")]
 pub mod hooks;
 pub mod identity;
+mod pool;
 pub mod schema;
 pub mod store;
 mod timestamp;
@@ -31,4 +32,4 @@ pub use dsn::{Dsn, DsnError};
 pub use error::{ApplyError, Conflict, StorageError, StorageKind};
 pub use event::{Rejection, TaskEvent, TaskState};
 pub use identity::{ConsumerName, EventId, QueueId, TaskId};
-pub use store::{BusinessWrite, Outcome, Receipt, Store, StoreOptions, WriteFuture};
+pub use store::{Applied, BusinessWrite, Outcome, Receipt, Store, StoreOptions, WriteFuture};

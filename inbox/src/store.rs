@@ -9,15 +9,16 @@
 //!
 //! Statements are prepared once per connection and cached; after that each line below is one
 //! round trip. The session was set to READ COMMITTED and `time_zone = '+00:00'` when the
-//! connection was opened, so a transaction costs no `SET`.
+//! connection was opened, so a transaction costs no `SET`, and the store's own connections
+//! (`pool.rs`) send no `COM_PING` around it.
 //!
 //! | path | statements | round trips |
 //! |---|---|---|
-//! | applied, view exists | `BEGIN`, [`INSERT_INBOX`], [`LOCK_VIEW`], [`ADVANCE`], `COMMIT` | 5 |
-//! | applied, first event of the task | the same plus [`CREATE_VIEW`] | 6 |
-//! | stale (older version) | `BEGIN`, [`INSERT_INBOX`], [`LOCK_VIEW`], `COMMIT` | 4 |
+//! | applied, first event of the task | `BEGIN`, [`INSERT_INBOX`], [`UPSERT_VIEW`] (inserts), `COMMIT` | 4 |
+//! | applied, view exists | `BEGIN`, [`INSERT_INBOX`], [`UPSERT_VIEW`] (advances), `COMMIT` | 4 |
+//! | stale (older version) | `BEGIN`, [`INSERT_INBOX`], [`UPSERT_VIEW`] (unchanged), [`MARK_STALE`], `COMMIT` | 5 |
 //! | duplicate | `BEGIN`, [`INSERT_INBOX`] → 1062, `ROLLBACK`, [`READ_VERDICT`] | 4 |
-//! | conflict (same version, other event) | `BEGIN`, [`INSERT_INBOX`], [`LOCK_VIEW`], `ROLLBACK` | 4 |
+//! | conflict (same version, other event) | `BEGIN`, [`INSERT_INBOX`], [`UPSERT_VIEW`], [`READ_VIEW_EVENT`], `ROLLBACK` | 5 |
 //!
 //! plus whatever a caller's [`BusinessWrite`] sends, inside the same transaction.
 //!
@@ -27,32 +28,54 @@
 //!    the same key wait until the first commits (then 1062) or rolls back (then the insert
 //!    succeeds). An uncommitted competitor is therefore never mistaken for a success, and a
 //!    re-apply after an unknown COMMIT cannot read "absent" while the lost transaction is still
-//!    open on the server. No `INSERT IGNORE` or `ON DUPLICATE KEY UPDATE`: both hide which key
-//!    collided and the latter deadlocks under concurrency.
-//! 2. Then the view row is locked (`SELECT … FOR UPDATE`), or created with placeholder
-//!    version 0 when absent (a racing creator makes that `INSERT` wait, then 1062, and the lock
-//!    is taken again). The placeholder is always overwritten or rolled back before anyone can
-//!    see it, because every event has version ≥ 1.
-//! 3. Only a higher version advances the view; one multi-table `UPDATE` moves the view and sets
-//!    the inbox row's `applied` flag together. An older version leaves the inbox row at
-//!    `applied = 0`. The same version with another event id is a conflict: roll back.
+//!    open on the server. No `INSERT IGNORE` or `ON DUPLICATE KEY UPDATE` on the inbox: both
+//!    hide which key collided. The row carries `applied = 1` provisionally; only the stale path
+//!    clears it, in the same transaction, and nobody can read it in between (a duplicate waits
+//!    on the row's lock, and READ COMMITTED readers see only committed rows).
+//! 2. The view is created with its final values, or locked and advanced, by one
+//!    `INSERT … ON DUPLICATE KEY UPDATE` ([`UPSERT_VIEW`]). On the view this is safe and it is
+//!    what keeps concurrent first events of one task from deadlocking: a plain `INSERT` that
+//!    meets an existing row takes a *shared* lock on it, and two such holders that then ask for
+//!    the exclusive lock (`SELECT … FOR UPDATE`) deadlock, even after the creator committed.
+//!    The upsert asks for the exclusive lock directly, so appliers of one task queue up. No row
+//!    with a placeholder version exists at any point.
+//! 3. Only a higher version advances the view (the upsert's `IF`s); it reports what it found
+//!    through the OK packet's last-insert-id. An older version clears the inbox row's `applied`
+//!    flag ([`MARK_STALE`]). The same version with another event id is a conflict: roll back.
 //! 4. The caller's writes run, then `COMMIT`. Only a COMMIT answered with OK returns `Ok`.
 //!    COMMIT answered with an error packet is a definite failure; COMMIT with no answer (the
 //!    connection broke, or the time budget ran out) is [`ApplyError::CommitUnconfirmed`].
 //!
-//! Deadlocks (1213) are expected when several appliers queue behind one that rolls back; they
-//! and lock wait timeouts (1205) are retryable storage errors, never a duplicate or a conflict.
+//! # Contention and failures inside one apply
+//!
+//! Deadlocks (1213) can still happen where this store does not control the lock order: several
+//! appliers of one event queued behind a winner that rolls back, or a caller's own writes. They,
+//! lock wait timeouts (1205), an error in reply to COMMIT (Galera reports a failed
+//! certification as 1213 there) and a connection lost before COMMIT was sent are definite
+//! rollbacks: [`Store::apply_until`] restarts the transaction, on a fresh connection when the
+//! old one broke, after a jittered doubling wait, until the budget is spent. Only then does a
+//! retryable [`ApplyError::Storage`] reach the caller. A COMMIT without an answer is never
+//! restarted blindly: it reaches the caller as [`ApplyError::CommitUnconfirmed`].
+//!
+//! When the budget runs out while a statement runs (a lock held by someone else, a server that
+//! stopped answering), the connection is killed on the server from a new connection
+//! (`KILL CONNECTION`) before the apply returns. That, rather than a session
+//! `innodb_lock_wait_timeout` below the budget, bounds every wait: that variable counts whole
+//! seconds, covers row locks only (not metadata locks, a Galera flow-control pause or a slow
+//! statement of the caller's), and its 1205 ends only the statement, not the transaction that
+//! still holds its locks.
 
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
-use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
-use sqlx::pool::PoolConnection;
-use sqlx::{Executor, MySql, MySqlConnection, MySqlPool, Row};
+use sqlx::mysql::MySqlConnectOptions;
+use sqlx::{Executor, MySql, MySqlConnection, Row};
+use tokio::time::Instant;
 
 use crate::canonical::Digest;
 use crate::dsn::Dsn;
@@ -60,34 +83,69 @@ use crate::error::{mysql_number, ER_DUP_ENTRY};
 pub use crate::error::{ApplyError, Conflict, StorageError, StorageKind, WriteError};
 use crate::event::{Rejection, TaskEvent};
 use crate::identity::{ConsumerName, EventId, QueueId, TaskId};
+use crate::pool::{Lease, Pool, KILL_TIMEOUT};
 
 /// One apply, from taking a connection to the answer to COMMIT, takes at most this long.
 pub const APPLY_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// First statement of every apply: the dedup claim.
+/// The first wait before a retry inside the apply; it doubles up to [`RETRY_MAX_WAIT`], and
+/// each wait is jittered to between half and all of it.
+pub const RETRY_FIRST_WAIT: Duration = Duration::from_millis(10);
+/// The longest wait between two attempts inside one apply.
+pub const RETRY_MAX_WAIT: Duration = Duration::from_millis(400);
+
+/// First statement of every apply: the dedup claim. `applied = 1` is provisional: the stale
+/// path clears it in the same transaction ([`MARK_STALE`]), so no other transaction ever sees
+/// it wrong (a concurrent duplicate waits on this row's lock until COMMIT or ROLLBACK).
 pub const INSERT_INBOX: &str = "INSERT INTO receiver_inbox \
      (consumer_name, queue_id, event_id, event_digest, event_canonical, applied, received_at) \
-     VALUES (?, ?, ?, ?, ?, 0, UTC_TIMESTAMP(6))";
+     VALUES (?, ?, ?, ?, ?, 1, UTC_TIMESTAMP(6))";
 
-/// Locks the task's view row, if it exists, and reads what the decision needs.
-pub const LOCK_VIEW: &str = "SELECT task_version, last_event_id FROM receiver_task_views \
-     WHERE consumer_name = ? AND queue_id = ? AND task_id = ? FOR UPDATE";
-
-/// Creates the task's view row with placeholder version 0 (never visible after the
-/// transaction ends: it is advanced or rolled back).
-pub const CREATE_VIEW: &str = "INSERT INTO receiver_task_views \
+/// Creates the task's view with this event's final values, or, when the view exists, locks it
+/// exclusively at once and advances it only for a higher version. One statement, one lock
+/// request, no shared lock to upgrade: concurrent first events of one task queue behind each
+/// other instead of deadlocking.
+///
+/// What happened comes back in the OK packet's last-insert-id, which `LAST_INSERT_ID(expr)`
+/// sets (the table has no auto-increment column, so a fresh insert reports 0):
+/// [`VIEW_CREATED`], [`VIEW_ADVANCED`], [`VIEW_NEWER`], [`VIEW_SAME_EVENT`],
+/// [`VIEW_SAME_VERSION_OTHER_EVENT`]. MySQL assigns left to right with the new values of the
+/// columns already assigned, so `applied_events` (which computes the code from the row as it
+/// was) comes first and `task_version` last.
+pub const UPSERT_VIEW: &str = "INSERT INTO receiver_task_views \
      (consumer_name, queue_id, task_id, task_version, last_event_id, last_state, last_result, \
       applied_events, created_at, updated_at) \
-     VALUES (?, ?, ?, 0, '', '', NULL, 0, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))";
+     VALUES (?, ?, ?, ?, ?, ?, ?, 1, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6)) \
+     ON DUPLICATE KEY UPDATE \
+       applied_events = applied_events + (LAST_INSERT_ID( \
+         IF(VALUES(task_version) > task_version, 1, \
+         IF(VALUES(task_version) < task_version, 2, \
+         IF(VALUES(last_event_id) = last_event_id, 3, 4)))) = 1), \
+       last_event_id = IF(VALUES(task_version) > task_version, VALUES(last_event_id), last_event_id), \
+       last_state = IF(VALUES(task_version) > task_version, VALUES(last_state), last_state), \
+       last_result = IF(VALUES(task_version) > task_version, VALUES(last_result), last_result), \
+       updated_at = IF(VALUES(task_version) > task_version, VALUES(updated_at), updated_at), \
+       task_version = GREATEST(task_version, VALUES(task_version))";
 
-/// Advances the view and marks the inbox row as the one that advanced it, in one statement.
-pub const ADVANCE: &str = "UPDATE receiver_task_views v \
-     JOIN receiver_inbox i \
-       ON i.consumer_name = v.consumer_name AND i.queue_id = v.queue_id AND i.event_id = ? \
-     SET v.task_version = ?, v.last_event_id = ?, v.last_state = ?, v.last_result = ?, \
-         v.applied_events = v.applied_events + 1, v.updated_at = UTC_TIMESTAMP(6), \
-         i.applied = 1 \
-     WHERE v.consumer_name = ? AND v.queue_id = ? AND v.task_id = ?";
+/// [`UPSERT_VIEW`] inserted the view: first event of the task.
+pub const VIEW_CREATED: u64 = 0;
+/// [`UPSERT_VIEW`] advanced an existing view.
+pub const VIEW_ADVANCED: u64 = 1;
+/// [`UPSERT_VIEW`] found a newer version: nothing changed.
+pub const VIEW_NEWER: u64 = 2;
+/// [`UPSERT_VIEW`] found this version applied by this event id: nothing changed.
+pub const VIEW_SAME_EVENT: u64 = 3;
+/// [`UPSERT_VIEW`] found this version applied by another event id: nothing changed.
+pub const VIEW_SAME_VERSION_OTHER_EVENT: u64 = 4;
+
+/// An older version is history only: clears the provisional `applied` flag.
+pub const MARK_STALE: &str = "UPDATE receiver_inbox SET applied = 0 \
+     WHERE consumer_name = ? AND queue_id = ? AND event_id = ?";
+
+/// The event id that applied the view's version, for a conflict's message (the row is locked
+/// by [`UPSERT_VIEW`]).
+pub const READ_VIEW_EVENT: &str = "SELECT last_event_id FROM receiver_task_views \
+     WHERE consumer_name = ? AND queue_id = ? AND task_id = ?";
 
 /// Reads the committed inbox record's digest and flag after a duplicate key (READ COMMITTED
 /// sees it: the 1062 is only raised once the competitor has committed). Not the frozen event:
@@ -206,7 +264,7 @@ pub struct InboxRecord {
 /// The receiver's inbox and views for one consumer name and queue.
 #[derive(Clone)]
 pub struct Store {
-    pool: MySqlPool,
+    pool: Arc<Pool>,
     consumer: ConsumerName,
     queue: QueueId,
     apply_timeout: Duration,
@@ -214,7 +272,7 @@ pub struct Store {
     barrier: Option<crate::hooks::BarrierHook>,
 }
 
-/// Names only: the pool's connection options hold the password.
+/// Names only: the connection options hold the password.
 impl fmt::Debug for Store {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Store")
@@ -225,35 +283,34 @@ impl fmt::Debug for Store {
     }
 }
 
-/// Connection options every store connection gets: UTC session time zone, READ COMMITTED.
+/// What one apply did, and how many times it restarted its transaction to get there.
+#[derive(Debug)]
+pub struct Applied {
+    /// The answer: only an `Ok` may be ACKed.
+    pub result: Result<Outcome, ApplyError>,
+    /// Transactions restarted inside this apply after a definite rollback (a deadlock, a lock
+    /// wait timeout, an error in reply to COMMIT, a connection lost before COMMIT).
+    pub retries: u32,
+}
+
+/// Connection options every store connection gets: UTC session time zone (READ COMMITTED is
+/// set once the connection is open).
 pub fn connect_options(dsn: &Dsn) -> Result<MySqlConnectOptions, StorageError> {
     let options = MySqlConnectOptions::from_str(dsn.expose_url())
         .map_err(|_| StorageError::unexpected("the DSN is not a valid MySQL URL"))?;
     Ok(options.timezone(Some("+00:00".to_owned())))
 }
 
-/// Makes a connection a store connection: READ COMMITTED for every later transaction.
-async fn prepare_session(conn: &mut MySqlConnection) -> Result<(), sqlx::Error> {
-    conn.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
-        .await?;
-    Ok(())
-}
-
 impl Store {
-    /// Opens a pool on `dsn` for `consumer` and `queue`, and checks that the schema is there.
+    /// Opens one connection on `dsn` for `consumer` and `queue`, and checks that the schema is
+    /// there; further connections open on demand, up to `options.max_connections`.
     pub async fn connect(
         dsn: &Dsn,
         consumer: ConsumerName,
         queue: QueueId,
         options: StoreOptions,
     ) -> Result<Store, StorageError> {
-        let pool = MySqlPoolOptions::new()
-            .max_connections(options.max_connections)
-            .acquire_timeout(options.apply_timeout)
-            .after_connect(|conn, _| Box::pin(prepare_session(conn)))
-            .connect_with(connect_options(dsn)?)
-            .await
-            .map_err(|e| StorageError::from_sqlx(&e))?;
+        let pool = Arc::new(Pool::new(connect_options(dsn)?, options.max_connections));
         let store = Store {
             pool,
             consumer,
@@ -263,10 +320,11 @@ impl Store {
             barrier: options.barrier,
         };
         // Fail at start, not at the first event, when `init` was never run.
-        sqlx::query("SELECT 1 FROM receiver_inbox JOIN receiver_task_views LIMIT 0")
-            .execute(&store.pool)
-            .await
-            .map_err(|e| StorageError::from_sqlx(&e))?;
+        store
+            .read(sqlx::query(
+                "SELECT 1 FROM receiver_inbox JOIN receiver_task_views LIMIT 0",
+            ))
+            .await?;
         Ok(store)
     }
 
@@ -280,9 +338,28 @@ impl Store {
         &self.queue
     }
 
-    /// Closes the pool, waiting for connections in use to come back.
+    /// The time budget of one apply.
+    pub fn apply_timeout(&self) -> Duration {
+        self.apply_timeout
+    }
+
+    /// Closes the idle connections and refuses new applies.
     pub async fn close(&self) {
         self.pool.close().await;
+    }
+
+    /// Whether the database answers a trivial query on a new connection within `within`:
+    /// what a caller holding back work during an outage probes with.
+    pub async fn probe(&self, within: Duration) -> Result<(), StorageError> {
+        let attempt = async {
+            let mut conn = self.pool.open().await?;
+            conn.raw.execute("SELECT 1").await?;
+            sqlx::Connection::close(conn.raw).await
+        };
+        match tokio::time::timeout(within, attempt).await {
+            Ok(result) => result.map_err(storage),
+            Err(_) => Err(StorageError::not_answering()),
+        }
     }
 
     /// Records `event` and advances its task's view, with no writes of the caller's.
@@ -296,54 +373,123 @@ impl Store {
         event: &TaskEvent,
         write: &dyn BusinessWrite,
     ) -> Result<Outcome, ApplyError> {
+        self.apply_until(event, write, None).await.result
+    }
+
+    /// [`Store::apply_with`], finishing by `deadline` when that comes before the time budget
+    /// (a delivery's lease expiry, say), and reporting the retries it made.
+    ///
+    /// A definite rollback restarts the whole transaction after a jittered, doubling wait
+    /// ([`RETRY_FIRST_WAIT`] to [`RETRY_MAX_WAIT`]) while time is left. A COMMIT without an
+    /// answer is never retried here: only a later apply of the same event can tell whether it
+    /// committed. When time runs out mid-statement, the connection is killed on the server
+    /// before this returns (within half a second, reserved from the budget), so nothing of
+    /// the apply still waits for or holds a lock there.
+    pub async fn apply_until(
+        &self,
+        event: &TaskEvent,
+        write: &dyn BusinessWrite,
+        deadline: Option<Instant>,
+    ) -> Applied {
         if event.queue() != &self.queue {
-            return Err(ApplyError::Rejected(Rejection::QueueMismatch));
+            return Applied {
+                result: Err(ApplyError::Rejected(Rejection::QueueMismatch)),
+                retries: 0,
+            };
         }
-        let commit_sent = AtomicBool::new(false);
-        match tokio::time::timeout(
-            self.apply_timeout,
-            self.apply_once(event, write, &commit_sent),
-        )
-        .await
-        {
-            Ok(result) => result,
-            // The future, and with it the connection, was dropped: the guard closed the
-            // connection, so the server rolls back whatever it had not committed.
-            Err(_) if commit_sent.load(Ordering::SeqCst) => Err(ApplyError::CommitUnconfirmed),
-            Err(_) => Err(ApplyError::Timeout(self.apply_timeout)),
+        let budget_end = Instant::now() + self.apply_timeout;
+        let end = deadline.map_or(budget_end, |d| d.min(budget_end));
+        // Time kept back for killing an abandoned statement, so the whole apply ends by `end`.
+        let reserve = KILL_TIMEOUT.min(self.apply_timeout / 4);
+        let work_end = end.checked_sub(reserve).unwrap_or(end);
+        let mut rng = fastrand::Rng::new();
+        let mut wait = RETRY_FIRST_WAIT;
+        let mut retries = 0;
+        loop {
+            let result = self.attempt(event, write, work_end).await;
+            let again = match &result {
+                Err(ApplyError::Storage(e)) => e.is_retryable(),
+                _ => false,
+            };
+            let pause = wait.mul_f64(0.5 + rng.f64() / 2.0);
+            if !again || Instant::now() + pause >= work_end {
+                return Applied { result, retries };
+            }
+            tokio::time::sleep(pause).await;
+            wait = (wait * 2).min(RETRY_MAX_WAIT);
+            retries += 1;
         }
     }
 
-    async fn apply_once(
+    /// One transaction, on one connection, ended by `end`.
+    async fn attempt(
         &self,
+        event: &TaskEvent,
+        write: &dyn BusinessWrite,
+        end: Instant,
+    ) -> Result<Outcome, ApplyError> {
+        let budget = self.apply_timeout;
+        let mut conn = match tokio::time::timeout_at(end, self.pool.acquire()).await {
+            Ok(Ok(conn)) => conn,
+            Ok(Err(e)) => return Err(e.into()),
+            Err(_) => return Err(ApplyError::Timeout(budget)),
+        };
+        let commit_sent = AtomicBool::new(false);
+        let ran = tokio::time::timeout_at(
+            end,
+            self.run_transaction(&mut conn, event, write, &commit_sent),
+        )
+        .await;
+        match ran {
+            Ok(result) => result,
+            // Out of time mid-statement: end the statement and its transaction on the server
+            // (the lock it waits for or holds) before answering.
+            Err(_) => {
+                conn.abandon().await;
+                if commit_sent.load(Ordering::SeqCst) {
+                    Err(ApplyError::CommitUnconfirmed)
+                } else {
+                    Err(ApplyError::Timeout(budget))
+                }
+            }
+        }
+    }
+
+    /// The transaction and what follows it on the same connection: the duplicate's verdict,
+    /// or a ROLLBACK after an error. Leaves the lease clean when the connection may be reused.
+    async fn run_transaction(
+        &self,
+        conn: &mut Lease<'_>,
         event: &TaskEvent,
         write: &dyn BusinessWrite,
         commit_sent: &AtomicBool,
     ) -> Result<Outcome, ApplyError> {
-        let mut conn = TxConn::acquire(&self.pool).await?;
         let attempt = self
             .transaction(conn.get(), event, write, commit_sent)
             .await;
         match attempt {
             Ok(Step::Committed(outcome)) => {
-                conn.release();
+                conn.clean();
                 Ok(outcome)
             }
             Ok(Step::AlreadyRecorded) => {
                 conn.get().execute("ROLLBACK").await?;
                 let resolved = self.resolve_duplicate(conn.get(), event).await;
                 if !matches!(resolved, Err(ApplyError::Storage(_))) {
-                    conn.release();
+                    conn.clean();
                 }
                 resolved
             }
             Err(e) => {
                 // Before COMMIT, a clean ROLLBACK keeps the connection; after COMMIT was sent,
-                // or if ROLLBACK fails, the connection is closed (the guard's drop).
-                if !commit_sent.load(Ordering::SeqCst)
+                // or if ROLLBACK fails, the connection is closed. A transport failure cannot be
+                // rolled back from here: the server does it when it sees the socket close.
+                if matches!(&e, ApplyError::Storage(s) if s.kind() == StorageKind::Unavailable) {
+                    conn.broken();
+                } else if !commit_sent.load(Ordering::SeqCst)
                     && conn.get().execute("ROLLBACK").await.is_ok()
                 {
-                    conn.release();
+                    conn.clean();
                 }
                 Err(e)
             }
@@ -362,6 +508,7 @@ impl Store {
         let consumer = self.consumer.as_str().as_bytes();
         let queue = self.queue.as_str().as_bytes();
         let task = event.task().as_str().as_bytes();
+        let event_id = event.id().as_str().as_bytes();
 
         conn.execute("BEGIN").await?;
         #[cfg(feature = "fault-hooks")]
@@ -369,7 +516,7 @@ impl Store {
         let inserted = sqlx::query(INSERT_INBOX)
             .bind(consumer)
             .bind(queue)
-            .bind(event.id().as_str().as_bytes())
+            .bind(event_id)
             .bind(&event.digest().0[..])
             .bind(event.canonical())
             .execute(&mut *conn)
@@ -381,61 +528,45 @@ impl Store {
             Err(e) => return Err(e.into()),
         }
 
-        let (current_version, current_event) = match self.lock_view(conn, task).await? {
-            Some(found) => found,
-            None => {
-                let created = sqlx::query(CREATE_VIEW)
-                    .bind(consumer)
-                    .bind(queue)
-                    .bind(task)
-                    .execute(&mut *conn)
-                    .await;
-                match created {
-                    Ok(_) => (0, Vec::new()),
-                    // Another transaction created it first and has committed: lock that row.
-                    Err(e) if mysql_number(&e) == Some(ER_DUP_ENTRY) => self
-                        .lock_view(conn, task)
-                        .await?
-                        .ok_or(StorageError::unexpected(
-                            "view row vanished after a duplicate key",
-                        ))
-                        .map_err(ApplyError::Storage)?,
-                    Err(e) => return Err(e.into()),
+        let upserted = sqlx::query(UPSERT_VIEW)
+            .bind(consumer)
+            .bind(queue)
+            .bind(task)
+            .bind(event.version())
+            .bind(event_id)
+            .bind(event.state().as_str().as_bytes())
+            .bind(event.result())
+            .execute(&mut *conn)
+            .await?;
+        let outcome =
+            match (upserted.last_insert_id(), upserted.rows_affected()) {
+                // A fresh row counts 1, an updated row 2 (the driver asks for found rows).
+                (VIEW_CREATED, 1) | (VIEW_ADVANCED, 2) => Outcome::Applied,
+                // Older, or the same version and event id whose inbox row is no longer there
+                // (the receiver never deletes one, but an operator might): history only.
+                (VIEW_NEWER | VIEW_SAME_EVENT, _) => {
+                    self.identity_query(MARK_STALE, event.id())
+                        .execute(&mut *conn)
+                        .await?;
+                    Outcome::Stale
                 }
-            }
-        };
-
-        let outcome = if event.version() > current_version {
-            let changed = sqlx::query(ADVANCE)
-                .bind(event.id().as_str().as_bytes())
-                .bind(event.version())
-                .bind(event.id().as_str().as_bytes())
-                .bind(event.state().as_str().as_bytes())
-                .bind(event.result())
-                .bind(consumer)
-                .bind(queue)
-                .bind(task)
-                .execute(&mut *conn)
-                .await?
-                .rows_affected();
-            if changed != 2 {
-                return Err(ApplyError::Storage(StorageError::unexpected(
-                    "the view update did not change exactly the view row and the inbox row",
-                )));
-            }
-            Outcome::Applied
-        } else if event.version() == current_version
-            && current_event != event.id().as_str().as_bytes()
-        {
-            return Err(ApplyError::Conflict(Conflict::SameVersionOtherEvent {
-                version: current_version,
-                recorded_event: String::from_utf8_lossy(&current_event).into_owned(),
-            }));
-        } else {
-            // Older, or the same version and event id whose inbox row is no longer there
-            // (the receiver never deletes one, but an operator might): history only.
-            Outcome::Stale
-        };
+                (VIEW_SAME_VERSION_OTHER_EVENT, _) => {
+                    let recorded: Vec<u8> = sqlx::query(READ_VIEW_EVENT)
+                        .bind(consumer)
+                        .bind(queue)
+                        .bind(task)
+                        .fetch_one(&mut *conn)
+                        .await?
+                        .try_get(0)?;
+                    return Err(ApplyError::Conflict(Conflict::SameVersionOtherEvent {
+                        version: event.version(),
+                        recorded_event: String::from_utf8_lossy(&recorded).into_owned(),
+                    }));
+                }
+                _ => return Err(ApplyError::Storage(StorageError::unexpected(
+                    "the view statement reported neither a new, an advanced nor an unchanged row",
+                ))),
+            };
 
         write
             .write(&mut *conn, Receipt { event, outcome })
@@ -458,23 +589,6 @@ impl Store {
     async fn barrier(&self, point: &'static str, event: &TaskEvent) {
         if let Some(hook) = &self.barrier {
             (hook.0)(point, event.id().to_string()).await;
-        }
-    }
-
-    async fn lock_view(
-        &self,
-        conn: &mut MySqlConnection,
-        task: &[u8],
-    ) -> Result<Option<(u64, Vec<u8>)>, ApplyError> {
-        let row = sqlx::query(LOCK_VIEW)
-            .bind(self.consumer.as_str().as_bytes())
-            .bind(self.queue.as_str().as_bytes())
-            .bind(task)
-            .fetch_optional(&mut *conn)
-            .await?;
-        match row {
-            None => Ok(None),
-            Some(row) => Ok(Some((row.try_get(0)?, row.try_get(1)?))),
         }
     }
 
@@ -516,15 +630,21 @@ impl Store {
             .bind(event.as_str().as_bytes())
     }
 
+    /// Runs one read on a store connection (not part of an apply).
+    async fn read(
+        &self,
+        query: sqlx::query::Query<'_, MySql, sqlx::mysql::MySqlArguments>,
+    ) -> Result<Option<sqlx::mysql::MySqlRow>, StorageError> {
+        let mut conn = self.pool.acquire().await.map_err(storage)?;
+        let row = query.fetch_optional(conn.get()).await.map_err(storage)?;
+        conn.clean();
+        Ok(row)
+    }
+
     /// The committed inbox record of `event`, if any.
     pub async fn inbox_record(&self, event: &EventId) -> Result<Option<InboxRecord>, StorageError> {
         let decode = |e: sqlx::Error| StorageError::from_sqlx(&e);
-        let Some(row) = self
-            .identity_query(READ_INBOX, event)
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(decode)?
-        else {
+        let Some(row) = self.read(self.identity_query(READ_INBOX, event)).await? else {
             return Ok(None);
         };
         Ok(Some(InboxRecord {
@@ -540,14 +660,13 @@ impl Store {
     /// The committed view of `task`, if any.
     pub async fn view(&self, task: &TaskId) -> Result<Option<TaskView>, StorageError> {
         let decode = |e: sqlx::Error| StorageError::from_sqlx(&e);
-        let row = sqlx::query(READ_VIEW)
+        let query = sqlx::query(READ_VIEW)
             .bind(self.consumer.as_str().as_bytes())
             .bind(self.queue.as_str().as_bytes())
-            .bind(task.as_str().as_bytes())
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(decode)?;
-        let Some(row) = row else { return Ok(None) };
+            .bind(task.as_str().as_bytes());
+        let Some(row) = self.read(query).await? else {
+            return Ok(None);
+        };
         let text = |i: usize| -> Result<String, StorageError> {
             let bytes: Vec<u8> = row.try_get(i).map_err(decode)?;
             Ok(String::from_utf8_lossy(&bytes).into_owned())
@@ -562,49 +681,15 @@ impl Store {
     }
 }
 
+fn storage(e: sqlx::Error) -> StorageError {
+    StorageError::from_sqlx(&e)
+}
+
 /// Where one transaction attempt ended, short of an error.
 enum Step {
     Committed(Outcome),
     /// The inbox INSERT hit the dedup key: the event is already committed.
     AlreadyRecorded,
-}
-
-/// A pooled connection that is closed, not returned to the pool, unless [`TxConn::release`]
-/// says it is clean. A connection whose transaction state is unknown (an error mid-statement,
-/// a timeout that dropped the future, COMMIT without an answer) must never serve another apply.
-struct TxConn {
-    conn: Option<PoolConnection<MySql>>,
-    clean: bool,
-}
-
-impl TxConn {
-    async fn acquire(pool: &MySqlPool) -> Result<Self, ApplyError> {
-        let conn = pool.acquire().await?;
-        Ok(TxConn {
-            conn: Some(conn),
-            clean: false,
-        })
-    }
-
-    fn get(&mut self) -> &mut MySqlConnection {
-        self.conn.as_mut().expect("connection present until drop")
-    }
-
-    fn release(&mut self) {
-        self.clean = true;
-    }
-}
-
-impl Drop for TxConn {
-    fn drop(&mut self) {
-        if let Some(conn) = self.conn.take() {
-            if !self.clean {
-                // Detached from the pool and dropped: the socket closes and the server rolls
-                // back anything uncommitted.
-                drop(conn.detach());
-            }
-        }
-    }
 }
 
 /// A `BINARY(32)` digest column.

@@ -77,11 +77,24 @@ impl ReceiverDb {
 
     /// A store like [`ReceiverDb::store`] whose connections go through `via` (a proxy).
     pub async fn store_via(&self, via: std::net::SocketAddr) -> Store {
+        self.store_via_with(via, result_inbox::store::APPLY_TIMEOUT)
+            .await
+    }
+
+    /// [`ReceiverDb::store_via`] with an apply time budget of `budget`.
+    pub async fn store_via_with(
+        &self,
+        via: std::net::SocketAddr,
+        budget: std::time::Duration,
+    ) -> Store {
         Store::connect(
             &self.runtime_dsn_via(via),
             ConsumerName::default(),
             QueueId::new(QUEUE).expect("valid queue"),
-            StoreOptions::default(),
+            StoreOptions {
+                apply_timeout: budget,
+                ..StoreOptions::default()
+            },
         )
         .await
         .unwrap_or_else(|e| panic!("store connect through {via} failed: {e}"))

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use commit_proxy::{Action, RuleSpec};
+use commit_proxy::{Action, On, RuleSpec};
 use conformance::{EventSpec, ReceiverDb};
 use result_inbox::StorageKind;
 use result_inbox::{ApplyError, Outcome, TaskId};
@@ -114,21 +114,45 @@ async fn a_swallowed_commit_is_unconfirmed_and_the_reapply_applies_once() {
     assert_eq!(view.applied_events, 1);
 }
 
-#[tokio::test]
-async fn an_error_reply_to_commit_is_a_definite_retryable_failure() {
-    let (rdb, proxy, proxied, event) = behind_proxy("evt-deadlock", "task-deadlock").await;
+fn injected(number: u16) -> Action {
+    Action::Error {
+        number,
+        sqlstate: None,
+        message: None,
+    }
+}
 
-    let rule = proxy
-        .arm(
-            RuleSpec::new(Action::Error {
-                number: 1213,
-                sqlstate: None,
-                message: None,
-            })
-            .once(),
-        )
-        .unwrap();
-    match proxied.apply(&event).await {
+/// Galera reports a certification failure as 1213 in reply to COMMIT: a definite rollback,
+/// which the apply restarts itself instead of handing it to the platform.
+#[tokio::test]
+async fn an_error_reply_to_commit_armed_twice_is_retried_inside_the_apply() {
+    let (rdb, proxy, proxied, event) = behind_proxy("evt-deadlock", "task-deadlock").await;
+    let rule = proxy.arm(RuleSpec::new(injected(1213)).times(2)).unwrap();
+    let applied = proxied
+        .apply_until(&event, &result_inbox::store::NoWrite, None)
+        .await;
+    assert_eq!(applied.result.unwrap(), Outcome::Applied);
+    assert_eq!(applied.retries, 2);
+    assert_eq!(rule.firings().len(), 2);
+    assert_eq!(rdb.scalar("SELECT COUNT(*) FROM receiver_inbox").await, 1);
+    assert_eq!(
+        rdb.scalar("SELECT CAST(SUM(applied_events) AS SIGNED) FROM receiver_task_views")
+            .await,
+        1
+    );
+}
+
+#[tokio::test]
+async fn an_error_reply_to_every_commit_is_a_definite_retryable_failure_once_the_budget_is_spent() {
+    let (rdb, proxy, _, event) = behind_proxy("evt-deadlock2", "task-deadlock2").await;
+    let proxied = rdb
+        .store_via_with(proxy.local_addr(), Duration::from_millis(800))
+        .await;
+    let rule = proxy.arm(RuleSpec::new(injected(1213))).unwrap();
+    let applied = proxied
+        .apply_until(&event, &result_inbox::store::NoWrite, None)
+        .await;
+    match applied.result {
         Err(ApplyError::Storage(e)) => {
             assert_eq!(e.kind(), StorageKind::Deadlock);
             assert_eq!(e.number(), Some(1213));
@@ -136,17 +160,82 @@ async fn an_error_reply_to_commit_is_a_definite_retryable_failure() {
         }
         other => panic!("wanted a definite deadlock error, got {other:?}"),
     }
-    assert_eq!(rule.firings().len(), 1);
+    assert!(applied.retries >= 2, "retried {} times", applied.retries);
+    assert_eq!(rule.firings().len() as u32, applied.retries + 1);
     assert_eq!(rdb.scalar("SELECT COUNT(*) FROM receiver_inbox").await, 0);
 
-    // COMMIT had been sent, so the store closed that connection rather than pool it; the same
-    // store applies the event on the next try, on a fresh connection.
+    // Disarmed, the same store applies the event on the next try.
+    proxy.disarm(rule.id());
     assert_eq!(proxied.apply(&event).await.unwrap(), Outcome::Applied);
-    assert_eq!(
-        rdb.scalar("SELECT CAST(SUM(applied_events) AS SIGNED) FROM receiver_task_views")
-            .await,
-        1
+}
+
+/// The server commits; its answer comes after the budget: unknown, never a success.
+#[tokio::test]
+async fn a_commit_reply_delayed_past_the_budget_is_unconfirmed() {
+    let (rdb, proxy, _, event) = behind_proxy("evt-slow-ok", "task-slow-ok").await;
+    let proxied = rdb
+        .store_via_with(proxy.local_addr(), Duration::from_millis(600))
+        .await;
+    let rule = proxy
+        .arm(RuleSpec::new(Action::Delay { delay_ms: 2_000 }).once())
+        .unwrap();
+    let applied = proxied
+        .apply_until(&event, &result_inbox::store::NoWrite, None)
+        .await;
+    assert!(
+        matches!(applied.result, Err(ApplyError::CommitUnconfirmed)),
+        "{:?}",
+        applied.result
     );
+    assert_eq!(applied.retries, 0, "an unknown COMMIT is never retried");
+    rule.fired_within(Duration::from_secs(5)).await.unwrap();
+    // It did commit; the re-apply says so by identity.
+    let fresh = rdb.store().await;
+    assert_eq!(
+        fresh.apply(&event).await.unwrap(),
+        Outcome::Duplicate { applied: true }
+    );
+}
+
+/// A connection that breaks before COMMIT was sent cannot have committed anything: a
+/// retryable unavailable error, restarted inside the apply, never `CommitUnconfirmed`.
+#[tokio::test]
+async fn a_connection_dropped_before_commit_is_retryable_and_never_unconfirmed() {
+    let (rdb, proxy, _, event) = behind_proxy("evt-cut", "task-cut").await;
+    let proxied = rdb
+        .store_via_with(proxy.local_addr(), Duration::from_millis(800))
+        .await;
+    let cut_insert = || {
+        let mut spec = RuleSpec::new(Action::Reset).on(On::Any);
+        spec.contains = Some("INSERT INTO receiver_inbox".to_owned());
+        spec
+    };
+
+    // Once: the apply retries on a new connection and applies.
+    let once = proxy.arm(cut_insert().once()).unwrap();
+    let applied = proxied
+        .apply_until(&event, &result_inbox::store::NoWrite, None)
+        .await;
+    assert_eq!(applied.result.unwrap(), Outcome::Applied);
+    assert_eq!(applied.retries, 1);
+    assert_eq!(once.firings().len(), 1);
+
+    // Every time: what reaches the caller is a retryable unavailable error.
+    let other = EventSpec::cancelled("evt-cut2", "task-cut2", 1).event();
+    let always = proxy.arm(cut_insert()).unwrap();
+    let applied = proxied
+        .apply_until(&other, &result_inbox::store::NoWrite, None)
+        .await;
+    match applied.result {
+        Err(ApplyError::Storage(e)) => {
+            assert_eq!(e.kind(), StorageKind::Unavailable);
+            assert!(e.is_retryable());
+        }
+        other => panic!("wanted a retryable unavailable error, got {other:?}"),
+    }
+    assert!(applied.retries >= 1);
+    proxy.disarm(always.id());
+    assert_eq!(rdb.scalar("SELECT COUNT(*) FROM receiver_inbox").await, 1);
 }
 
 #[tokio::test]

@@ -358,13 +358,17 @@ async fn consume_stops_within_ten_seconds_while_a_handler_waits_on_a_row_lock() 
         .await
         .unwrap();
     blocker.execute("BEGIN").await.unwrap();
-    sqlx::query(result_inbox::store::CREATE_VIEW)
-        .bind("task-result-view")
-        .bind(QUEUE)
-        .bind(task.id.as_str())
-        .execute(&mut blocker)
-        .await
-        .unwrap();
+    sqlx::query(
+        "INSERT INTO receiver_task_views (consumer_name, queue_id, task_id, task_version, \
+         last_event_id, last_state, last_result, applied_events, created_at, updated_at) \
+         VALUES (?, ?, ?, 0, '', '', NULL, 0, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))",
+    )
+    .bind("task-result-view")
+    .bind(QUEUE)
+    .bind(task.id.as_str())
+    .execute(&mut blocker)
+    .await
+    .unwrap();
     client.cancel_task(&task.id).await.unwrap();
 
     let mut consume = spawn(piped(receiver(&["consume"], &env)));
@@ -376,7 +380,7 @@ async fn consume_stops_within_ten_seconds_while_a_handler_waits_on_a_row_lock() 
     eventually(Duration::from_secs(10), "the handler to reach the row lock", || {
         let (admin, db) = (admin.clone(), db.clone());
         async move {
-            let waiting: i64 = sqlx::query("SELECT COUNT(*) FROM information_schema.processlist WHERE db = ? AND info LIKE 'SELECT task_version%FOR UPDATE'")
+            let waiting: i64 = sqlx::query("SELECT COUNT(*) FROM information_schema.processlist WHERE db = ? AND info LIKE 'INSERT INTO receiver_task_views%'")
                 .bind(&db)
                 .fetch_one(&admin)
                 .await
