@@ -397,8 +397,11 @@ impl Store {
                 retries: 0,
             };
         }
-        let budget_end = Instant::now() + self.apply_timeout;
+        let started = Instant::now();
+        let budget_end = started + self.apply_timeout;
         let end = deadline.map_or(budget_end, |d| d.min(budget_end));
+        // What a timeout reports: the time this apply was given.
+        let allowed = end.saturating_duration_since(started);
         // Time kept back for killing an abandoned statement, so the whole apply ends by `end`.
         let reserve = KILL_TIMEOUT.min(self.apply_timeout / 4);
         let work_end = end.checked_sub(reserve).unwrap_or(end);
@@ -406,7 +409,7 @@ impl Store {
         let mut wait = RETRY_FIRST_WAIT;
         let mut retries = 0;
         loop {
-            let result = self.attempt(event, write, work_end).await;
+            let result = self.attempt(event, write, work_end, allowed).await;
             let again = match &result {
                 Err(ApplyError::Storage(e)) => e.is_retryable(),
                 _ => false,
@@ -427,8 +430,8 @@ impl Store {
         event: &TaskEvent,
         write: &dyn BusinessWrite,
         end: Instant,
+        budget: Duration,
     ) -> Result<Outcome, ApplyError> {
-        let budget = self.apply_timeout;
         let mut conn = match tokio::time::timeout_at(end, self.pool.acquire()).await {
             Ok(Ok(conn)) => conn,
             Ok(Err(e)) => return Err(e.into()),

@@ -4,20 +4,37 @@
 //! not the configured one (a wrong queue would burn the delivery budget). Concurrency 4. A
 //! signal cancels in-flight handlers (their deliveries are not ACKed and come again after the
 //! lease) and the process ends within 10 s; the shared subscription is never paused.
+//!
+//! Each apply ends by the earlier of its 5 s budget and its lease's end minus
+//! [`LEASE_MARGIN`] (measured from when the delivery arrived, with the lease the subscription
+//! reports, so clock skew between hosts plays no part). While the database is down, no new
+//! delivery is taken ([`crate::outage`]).
 
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use orbit_sdk::{Client, ConsumerEvent, EventConsumer};
+use orbit_sdk::{Client, ConsumerEvent, CreditGate, EventConsumer};
 
 use crate::config::ConsumeConfig;
 use crate::delivery::apply_raw;
+use crate::outage::Outage;
 use result_inbox::Store;
 use result_inbox::StoreOptions;
 
 /// Handlers at once.
 pub const CONCURRENCY: usize = 4;
+/// Kept between an apply's deadline and its lease's end, for the ACK to reach the platform.
+pub const LEASE_MARGIN: Duration = Duration::from_secs(1);
+
+/// How long an apply of a delivery leased for `lease` may take: the budget, or less when the
+/// lease (minus [`LEASE_MARGIN`], and never less than half the lease) ends sooner.
+pub fn apply_window(budget: Duration, lease: Option<Duration>) -> Duration {
+    match lease {
+        Some(lease) => budget.min(lease.saturating_sub(LEASE_MARGIN).max(lease / 2)),
+        None => budget,
+    }
+}
 /// How long stopping may take, of the 10 s a signal allows.
 pub const DRAIN: Duration = Duration::from_secs(8);
 
@@ -94,18 +111,36 @@ pub async fn run(
     };
     let queue = config.run.platform.queue.clone();
     tracing::info!(subscription = %subscription.id, queue = %queue, consumer = %config.run.name, "consuming");
+    let lease = subscription.lease_ms.map(Duration::from_millis);
+    let window = apply_window(store.apply_timeout(), lease);
+    if let Some(lease) = lease.filter(|_| window < store.apply_timeout()) {
+        tracing::warn!(
+            lease_ms = lease.as_millis() as u64,
+            budget_ms = store.apply_timeout().as_millis() as u64,
+            apply_ms = window.as_millis() as u64,
+            "the subscription's lease is shorter than the apply budget plus a margin for the ACK: each apply is cut short to end before its lease"
+        );
+    }
+    let gate = CreditGate::new();
+    let outage = Outage::new(store.clone(), gate.clone());
     let consumer = {
         let (store, queue) = (store.clone(), queue.clone());
-        let consumer = EventConsumer::new(client, subscription.id.clone()).concurrency(CONCURRENCY);
+        let consumer = EventConsumer::new(client, subscription.id.clone())
+            .concurrency(CONCURRENCY)
+            .credit_gate(gate);
         #[cfg(feature = "fault-barriers")]
         let consumer = consumer.after_ack_sent(crate::fault::ack_sent_hook());
         consumer.start(move |d| {
-            let (store, queue) = (store.clone(), queue.clone());
+            let (store, queue, outage) = (store.clone(), queue.clone(), outage.clone());
             async move {
                 let started = Instant::now();
-                let h = apply_raw(&store, &queue, d.event_json().as_bytes()).await;
+                let deadline = tokio::time::Instant::from_std(started) + window;
+                let h = apply_raw(&store, &queue, d.event_json().as_bytes(), Some(deadline)).await;
                 let ms = started.elapsed().as_millis() as u64;
                 h.log(&d.delivery_id, d.attempt, ms);
+                if h.suspect_database {
+                    outage.suspect();
+                }
                 if h.classification.acks() {
                     #[cfg(feature = "fault-barriers")]
                     crate::fault::barrier("after_commit", h.event_id.as_deref().unwrap_or("-"))
@@ -148,4 +183,22 @@ pub async fn run(
         "stopped; the subscription stays enabled"
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BUDGET: Duration = Duration::from_secs(5);
+
+    #[test]
+    fn an_apply_ends_before_its_lease_with_room_for_the_ack() {
+        let s = Duration::from_secs;
+        assert_eq!(apply_window(BUDGET, None), BUDGET);
+        assert_eq!(apply_window(BUDGET, Some(s(30))), BUDGET);
+        assert_eq!(apply_window(BUDGET, Some(s(6))), BUDGET);
+        assert_eq!(apply_window(BUDGET, Some(s(4))), s(3));
+        // A lease no longer than the margin still leaves half of it to the apply.
+        assert_eq!(apply_window(BUDGET, Some(s(1))), Duration::from_millis(500));
+    }
 }

@@ -3,8 +3,10 @@
 
 use std::fmt;
 
+use result_inbox::store::NoWrite;
 use result_inbox::ApplyError;
 use result_inbox::{Outcome, QueueId, Store, TaskEvent};
+use tokio::time::Instant;
 
 /// The stable name of what happened to a delivery.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -65,75 +67,116 @@ impl fmt::Display for Classification {
     }
 }
 
-/// One handled delivery: its classification, the event id when it could be read, and the
-/// redacted reason when it is not ACKed.
+/// One handled delivery: its classification, the event id when it could be read, the
+/// transactions restarted inside the apply, and the redacted reason when it is not ACKed.
 #[derive(Debug, Clone)]
 pub struct Handled {
     pub classification: Classification,
     pub event_id: Option<String>,
+    pub retries: u32,
     pub detail: Option<String>,
+    /// The failure may mean the database as a whole is unavailable or not answering (not
+    /// just this transaction): worth a probe before taking more deliveries.
+    pub suspect_database: bool,
 }
 
 impl Handled {
-    /// The delivery's one log line: classification, event id, delivery id, attempt, duration;
-    /// for a delivery not ACKed also the (redacted) reason.
+    /// The delivery's one log line: classification, event id, delivery id, attempt, retries
+    /// inside the apply, duration; for a delivery not ACKed also the (redacted) reason.
     pub fn log(&self, delivery_id: &str, attempt: u32, duration_ms: u64) {
         let event_id = self.event_id.as_deref().unwrap_or("-");
         let c = self.classification.to_string();
+        let retries = self.retries;
         if self.classification.acks() {
-            tracing::info!(classification = %c, event_id, delivery_id, attempt, duration_ms, "delivery");
+            tracing::info!(classification = %c, event_id, delivery_id, attempt, retries, duration_ms, "delivery");
         } else {
             let detail = self.detail.as_deref().unwrap_or("");
-            tracing::warn!(classification = %c, event_id, delivery_id, attempt, duration_ms, detail, "delivery not acked");
+            tracing::warn!(classification = %c, event_id, delivery_id, attempt, retries, duration_ms, detail, "delivery not acked");
+        }
+    }
+
+    fn without_apply(
+        classification: Classification,
+        event_id: Option<String>,
+        detail: String,
+    ) -> Handled {
+        Handled {
+            classification,
+            event_id,
+            retries: 0,
+            detail: Some(detail),
+            suspect_database: false,
         }
     }
 }
 
 /// Validates `raw` for `queue`, or says why not.
 pub fn parse(raw: &[u8], queue: &QueueId) -> Result<TaskEvent, Handled> {
-    TaskEvent::parse(raw, queue).map_err(|rejection| Handled {
-        classification: Classification::Rejected(rejection.kind()),
-        event_id: None,
-        detail: Some(rejection.to_string()),
+    TaskEvent::parse(raw, queue).map_err(|rejection| {
+        Handled::without_apply(
+            Classification::Rejected(rejection.kind()),
+            None,
+            rejection.to_string(),
+        )
     })
 }
 
 impl Handled {
-    /// How to report the result of applying `event`.
-    pub fn of(event: &TaskEvent, result: &Result<Outcome, ApplyError>) -> Handled {
+    /// How to report the result of applying `event`, after `retries` restarts inside the
+    /// apply.
+    pub fn of(event: &TaskEvent, result: &Result<Outcome, ApplyError>, retries: u32) -> Handled {
+        let suspect_database = match result {
+            Err(ApplyError::Storage(e)) => e.is_unavailable(),
+            // No answer within the budget: a stopped server looks like this (so does a lock
+            // held elsewhere, which a probe tells apart).
+            Err(ApplyError::Timeout(_) | ApplyError::CommitUnconfirmed) => true,
+            _ => false,
+        };
         Handled {
             classification: Classification::of(result),
             event_id: Some(event.id().to_string()),
+            retries,
             detail: result.as_ref().err().map(|e| e.to_string()),
+            suspect_database,
         }
     }
 }
 
-/// Applies `event` once; the outcome and how to report it.
-pub async fn apply(store: &Store, event: &TaskEvent) -> (Option<Outcome>, Handled) {
-    let result = store.apply(event).await;
-    let handled = Handled::of(event, &result);
-    (result.ok(), handled)
+/// Applies `event` (finishing by `deadline` when that is sooner than the store's budget);
+/// the outcome and how to report it.
+pub async fn apply(
+    store: &Store,
+    event: &TaskEvent,
+    deadline: Option<Instant>,
+) -> (Option<Outcome>, Handled) {
+    let applied = store.apply_until(event, &NoWrite, deadline).await;
+    let handled = Handled::of(event, &applied.result, applied.retries);
+    (applied.result.ok(), handled)
 }
 
-/// Validates `raw` for `queue` and applies it once.
-pub async fn apply_raw(store: &Store, queue: &QueueId, raw: &[u8]) -> Handled {
+/// Validates `raw` for `queue` and applies it.
+pub async fn apply_raw(
+    store: &Store,
+    queue: &QueueId,
+    raw: &[u8],
+    deadline: Option<Instant>,
+) -> Handled {
     match parse(raw, queue) {
-        Ok(event) => apply(store, &event).await.1,
+        Ok(event) => apply(store, &event, deadline).await.1,
         Err(rejected) => rejected,
     }
 }
 
 /// The rejection for an event that is not this program's.
 pub fn foreign(event: &TaskEvent) -> Handled {
-    Handled {
-        classification: Classification::Foreign,
-        event_id: Some(event.id().to_string()),
-        detail: Some(format!(
+    Handled::without_apply(
+        Classification::Foreign,
+        Some(event.id().to_string()),
+        format!(
             "the event is for task {}, not this program's task; not ACKed",
             event.task()
-        )),
-    }
+        ),
+    )
 }
 
 #[cfg(test)]
@@ -174,10 +217,10 @@ mod tests {
     /// result, a real rejection, or the demo's foreign-event check.
     fn every_case() -> Vec<Handled> {
         let e = event("t-1");
-        let result = |r: Result<Outcome, ApplyError>| Handled::of(&e, &r);
+        let result = |r: Result<Outcome, ApplyError>| Handled::of(&e, &r, 0);
         let write_error: result_inbox::store::WriteError = "the ledger refused it".into();
         let cases = vec![
-            result(Ok(Outcome::Applied)),
+            Handled::of(&e, &Ok(Outcome::Applied), 2),
             result(Ok(Outcome::Duplicate { applied: true })),
             result(Ok(Outcome::Stale)),
             result(Err(ApplyError::Conflict(Conflict::DigestMismatch {

@@ -162,7 +162,7 @@ async fn steps(
                 // second finds the committed inbox record.
                 let mut outcomes = Vec::new();
                 for _ in 0..2 {
-                    let (outcome, h) = apply(&store, &event).await;
+                    let (outcome, h) = apply(&store, &event, None).await;
                     h.log(
                         &d.delivery_id,
                         d.attempt,

@@ -18,3 +18,4 @@ pub mod demo;
 #[cfg(feature = "fault-barriers")]
 pub mod fault;
 pub mod inspect;
+pub mod outage;

@@ -3,12 +3,18 @@
 //! succeeded.
 //!
 //! - At most `concurrency` deliveries are held at once: the consumer grants the platform one
-//!   credit per free handler slot and returns a credit when a handler finishes.
-//! - A handler error means no ACK: the lease runs out and the platform delivers again.
+//!   credit per free handler slot and returns a credit when a handler finishes. While a
+//!   [`CreditGate`] is held, finished handlers' credit is kept back, so the platform sends
+//!   nothing new (the receiver holds it while its database is down); releasing it grants
+//!   the credit owed.
+//! - A handler error means no ACK: the lease runs out and the platform delivers again. A
+//!   handler that panics is a handler error too (its credit comes back; the panic's message
+//!   is not repeated, since it may quote the event).
 //! - An ACK without an answer stays pending with its ORIGINAL proof and is sent again after
 //!   every reconnect until the platform answers it (acked, already acked, or refused because
 //!   the lease was superseded).
-//! - The connection is re-established with capped exponential backoff and jitter; a silent
+//! - The connection is re-established with capped exponential backoff and jitter; a connect
+//!   that takes longer than [`EventConsumer::connect_timeout`] is abandoned; a silent
 //!   connection (no message for three heartbeat periods) or an ACK unanswered for
 //!   [`EventConsumer::ack_timeout`] counts as broken.
 //! - [`Running::shutdown`] cancels in-flight handlers (their deliveries are not ACKed) and
@@ -19,22 +25,63 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use futures_util::{SinkExt, StreamExt};
+use futures_util::FutureExt;
 use serde_json::value::RawValue;
 use tokio::sync::{broadcast, watch};
 use tokio::task::{JoinHandle, JoinSet};
-use tokio_tungstenite::tungstenite::client::IntoClientRequest;
-use tokio_tungstenite::tungstenite::http::HeaderValue;
-use tokio_tungstenite::tungstenite::Message;
+use tokio::time::Instant;
 
 use crate::client::Client;
+use crate::link::{Connector, Link, WsConnector};
 use crate::wire::{AckResult, ClientMessage, LeaseProof, ServerMessage};
 
 /// How often the consumer sends a heartbeat; three periods of silence break the connection.
 pub const HEARTBEAT: Duration = Duration::from_secs(10);
+
+/// How long opening the stream (TCP, TLS, WebSocket handshake) may take by default.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Holds back the credit of finished handlers while held, so that the platform sends no new
+/// delivery; [`CreditGate::release`] grants what is owed. Cloning gives another handle on the
+/// same gate. A consumer without a gate never holds.
+#[derive(Debug, Clone)]
+pub struct CreditGate(Arc<watch::Sender<bool>>);
+
+impl Default for CreditGate {
+    fn default() -> Self {
+        CreditGate::new()
+    }
+}
+
+impl CreditGate {
+    /// An open gate.
+    pub fn new() -> CreditGate {
+        CreditGate(Arc::new(watch::channel(false).0))
+    }
+
+    /// From now on, no credit is returned to the platform.
+    pub fn hold(&self) {
+        self.0.send_replace(true);
+    }
+
+    /// Credit flows again, starting with what was kept back.
+    pub fn release(&self) {
+        self.0.send_replace(false);
+    }
+
+    /// Whether credit is being held back.
+    pub fn is_held(&self) -> bool {
+        *self.0.borrow()
+    }
+
+    fn watch(&self) -> watch::Receiver<bool> {
+        self.0.subscribe()
+    }
+}
 
 /// One delivery, as a handler sees it. The lease proof stays inside the consumer.
 pub struct Delivery {
@@ -88,6 +135,8 @@ pub struct EventConsumer {
     backoff_initial: Duration,
     backoff_max: Duration,
     ack_timeout: Duration,
+    connect_timeout: Duration,
+    gate: CreditGate,
     #[cfg(feature = "fault-hooks")]
     after_ack_sent: Option<AckSentHook>,
 }
@@ -136,6 +185,8 @@ impl EventConsumer {
             backoff_initial: Duration::from_millis(100),
             backoff_max: Duration::from_secs(5),
             ack_timeout: Duration::from_secs(10),
+            connect_timeout: CONNECT_TIMEOUT,
+            gate: CreditGate::new(),
             #[cfg(feature = "fault-hooks")]
             after_ack_sent: None,
         }
@@ -167,6 +218,18 @@ impl EventConsumer {
         self
     }
 
+    /// How long opening the stream may take before it counts as a failed attempt.
+    pub fn connect_timeout(mut self, timeout: Duration) -> EventConsumer {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// Returns finished handlers' credit only while `gate` is open.
+    pub fn credit_gate(mut self, gate: CreditGate) -> EventConsumer {
+        self.gate = gate;
+        self
+    }
+
     /// Starts consuming; `handler` runs once per delivery.
     pub fn start<H, F, E>(self, handler: H) -> Running
     where
@@ -180,7 +243,12 @@ impl EventConsumer {
             let fut = handler(d);
             async move { fut.await.map_err(|e| e.to_string()) }
         });
-        let task = tokio::spawn(run(self, handler, stop_rx, events.clone()));
+        let connector = WsConnector::new(
+            &self.client,
+            &format!("/v1/subscriptions/{}/stream", self.subscription),
+            self.connect_timeout,
+        );
+        let task = tokio::spawn(run(self, connector, handler, stop_rx, events.clone()));
         Running { stop, task, events }
     }
 }
@@ -258,13 +326,35 @@ type Handler = Arc<
         + Sync,
 >;
 
-async fn run<H, F>(
+/// What the consumer reports when a handler panicked; the panic's own message is not repeated.
+pub const HANDLER_PANICKED: &str = "the handler panicked";
+
+/// Credit for the platform: what a connection was granted, and what is owed while the gate
+/// is held.
+struct Credit {
+    owed: u32,
+}
+
+impl Credit {
+    /// What to grant now that a handler finished (or a connection opened with `free` slots).
+    fn give(&mut self, n: u32, held: bool) -> Option<u32> {
+        self.owed += n;
+        if held || self.owed == 0 {
+            return None;
+        }
+        Some(std::mem::take(&mut self.owed))
+    }
+}
+
+async fn run<C, H, F>(
     config: EventConsumer,
+    mut connector: C,
     handler: Arc<H>,
     mut stop: watch::Receiver<bool>,
     events: broadcast::Sender<ConsumerEvent>,
 ) -> Summary
 where
+    C: Connector,
     H: Fn(Delivery) -> F + Send + Sync + 'static,
     F: Future<Output = Result<(), String>> + Send + 'static,
 {
@@ -272,38 +362,25 @@ where
     let mut in_flight: JoinSet<(String, LeaseProof, Result<(), String>)> = JoinSet::new();
     // ACKs sent and not yet answered: delivery id → the ORIGINAL proof.
     let mut pending: HashMap<String, (LeaseProof, Instant)> = HashMap::new();
+    let mut gate = config.gate.watch();
+    let mut credit = Credit { owed: 0 };
     let mut backoff = Backoff {
         jitter: Jitter::new(),
         delay: config.backoff_initial,
         initial: config.backoff_initial,
         max: config.backoff_max,
     };
-    let url = config
-        .client
-        .base()
-        .ws(&format!("/v1/subscriptions/{}/stream", config.subscription));
 
     'connect: loop {
         if *stop.borrow() {
             break;
         }
-        let request = url.as_str().into_client_request().map(|mut r| {
-            if let Ok(v) =
-                HeaderValue::from_str(&format!("Bearer {}", config.client.token().expose()))
-            {
-                r.headers_mut().insert("Authorization", v);
-            }
-            r
-        });
-        let connected = match request {
-            Ok(r) => tokio::select! {
-                c = tokio_tungstenite::connect_async(r) => c.map_err(|e| e.to_string()),
-                _ = stop.changed() => break 'connect,
-            },
-            Err(e) => Err(e.to_string()),
+        let connected = tokio::select! {
+            c = connector.connect() => c,
+            _ = stop.changed() => break 'connect,
         };
-        let mut ws = match connected {
-            Ok((ws, _)) => ws,
+        let mut link = match connected {
+            Ok(link) => link,
             Err(reason) => {
                 if backoff.wait(reason, &events, &mut stop).await {
                     continue 'connect;
@@ -314,12 +391,13 @@ where
         backoff.reset();
         let _ = events.send(ConsumerEvent::Connected);
 
+        // A new stream starts with no credit: every free slot is owed to it.
         let mut outgoing = Vec::new();
-        let free = config.concurrency.saturating_sub(in_flight.len());
-        if free > 0 {
-            outgoing.push(ClientMessage::Credit {
-                credit: free as u32,
-            });
+        credit.owed = 0;
+        let free = config.concurrency.saturating_sub(in_flight.len()) as u32;
+        let held = *gate.borrow();
+        if let Some(n) = credit.give(free, held) {
+            outgoing.push(ClientMessage::Credit { credit: n });
         }
         for (id, (proof, sent)) in pending.iter_mut() {
             *sent = Instant::now();
@@ -330,7 +408,7 @@ where
         }
         let mut broken = None;
         for m in outgoing {
-            if let Err(e) = send(&mut ws, &m).await {
+            if let Err(e) = send(&mut link, &m).await {
                 broken = Some(e);
                 break;
             }
@@ -341,23 +419,25 @@ where
         while broken.is_none() {
             tokio::select! {
                 _ = stop.changed() => {
-                    let _ = ws.close(None).await;
+                    link.close().await;
                     break 'connect;
                 }
-                msg = ws.next() => {
+                msg = link.recv() => {
                     last_heard = Instant::now();
                     let text = match msg {
-                        Some(Ok(Message::Text(t))) => t,
-                        Some(Ok(Message::Close(_))) | None => { broken = Some("the platform closed the stream".to_owned()); continue }
-                        Some(Ok(_)) => continue,
-                        Some(Err(e)) => { broken = Some(e.to_string()); continue }
+                        Ok(Some(t)) => t,
+                        Ok(None) => { broken = Some("the platform closed the stream".to_owned()); continue }
+                        Err(e) => { broken = Some(e); continue }
                     };
-                    match ServerMessage::from_json(text.as_str()) {
+                    match ServerMessage::from_json(&text) {
                         Ok(ServerMessage::Delivery { delivery_id, attempt, proof, lease_expires_at, event }) => {
                             let handler = handler.clone();
                             let delivery = Delivery { delivery_id: delivery_id.clone(), attempt, lease_expires_at, event };
                             in_flight.spawn(async move {
-                                let result = handler(delivery).await;
+                                let result = AssertUnwindSafe(handler(delivery))
+                                    .catch_unwind()
+                                    .await
+                                    .unwrap_or_else(|_| Err(HANDLER_PANICKED.to_owned()));
                                 (delivery_id, proof, result)
                             });
                         }
@@ -370,13 +450,14 @@ where
                     }
                 }
                 Some(done) = in_flight.join_next(), if !in_flight.is_empty() => {
+                    // Handlers catch their panics; an error here is a cancelled task.
                     let Ok((delivery_id, proof, result)) = done else { continue };
                     match result {
                         Ok(()) => {
                             pending.insert(delivery_id.clone(), (proof.clone(), Instant::now()));
                             #[cfg(feature = "fault-hooks")]
                             let acked = delivery_id.clone();
-                            if let Err(e) = send(&mut ws, &ClientMessage::Ack { delivery_id, proof }).await {
+                            if let Err(e) = send(&mut link, &ClientMessage::Ack { delivery_id, proof }).await {
                                 broken = Some(e);
                                 continue;
                             }
@@ -389,8 +470,19 @@ where
                             let _ = events.send(ConsumerEvent::HandlerFailed { delivery_id, error });
                         }
                     }
-                    if let Err(e) = send(&mut ws, &ClientMessage::Credit { credit: 1 }).await {
-                        broken = Some(e);
+                    let held = *gate.borrow();
+                    if let Some(n) = credit.give(1, held) {
+                        if let Err(e) = send(&mut link, &ClientMessage::Credit { credit: n }).await {
+                            broken = Some(e);
+                        }
+                    }
+                }
+                Ok(()) = gate.changed() => {
+                    let held = *gate.borrow_and_update();
+                    if let Some(n) = credit.give(0, held) {
+                        if let Err(e) = send(&mut link, &ClientMessage::Credit { credit: n }).await {
+                            broken = Some(e);
+                        }
                     }
                 }
                 _ = heartbeat.tick() => {
@@ -398,7 +490,7 @@ where
                         broken = Some("no message from the platform for three heartbeat periods".to_owned());
                     } else if pending.values().any(|(_, sent)| sent.elapsed() > config.ack_timeout) {
                         broken = Some("an ACK went unanswered".to_owned());
-                    } else if let Err(e) = send(&mut ws, &ClientMessage::Heartbeat).await {
+                    } else if let Err(e) = send(&mut link, &ClientMessage::Heartbeat).await {
                         broken = Some(e);
                     }
                 }
@@ -419,13 +511,270 @@ where
     summary
 }
 
-async fn send<S>(ws: &mut S, m: &ClientMessage) -> Result<(), String>
-where
-    S: futures_util::Sink<Message> + Unpin,
-    S::Error: fmt::Display,
-{
+async fn send<L: Link>(link: &mut L, m: &ClientMessage) -> Result<(), String> {
     let text = serde_json::to_string(m).map_err(|e| e.to_string())?;
-    ws.send(Message::Text(text.into()))
-        .await
-        .map_err(|e| e.to_string())
+    link.send(text).await
+}
+
+/// The consumer's loop over in-memory links, with tokio's clock paused: time moves only when
+/// every task waits, so timeouts and heartbeats are exact and instant.
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::credentials::Token;
+    use tokio::sync::mpsc;
+
+    /// The platform's end of one link.
+    struct Peer {
+        from_client: mpsc::UnboundedReceiver<String>,
+        to_client: mpsc::UnboundedSender<Result<Option<String>, String>>,
+    }
+
+    impl Peer {
+        /// The next message the client sent, parsed.
+        async fn next(&mut self) -> ClientMessage {
+            let text = self
+                .from_client
+                .recv()
+                .await
+                .expect("the client is connected");
+            serde_json::from_str(&text).expect("a client message")
+        }
+
+        /// The next message that is not a heartbeat.
+        async fn next_not_heartbeat(&mut self) -> ClientMessage {
+            loop {
+                match self.next().await {
+                    ClientMessage::Heartbeat => continue,
+                    m => return m,
+                }
+            }
+        }
+
+        fn deliver(&self, id: &str) {
+            let text = format!(
+                r#"{{"type":"delivery","delivery_id":"{id}","attempt":1,"proof":"p-{id}","lease_expires_at":"2026-12-03T00:00:30Z","event":{{"id":"{id}"}}}}"#
+            );
+            self.to_client.send(Ok(Some(text))).unwrap();
+        }
+    }
+
+    struct ChannelLink {
+        to_peer: mpsc::UnboundedSender<String>,
+        from_peer: mpsc::UnboundedReceiver<Result<Option<String>, String>>,
+    }
+
+    impl Link for ChannelLink {
+        async fn send(&mut self, text: String) -> Result<(), String> {
+            self.to_peer.send(text).map_err(|_| "peer gone".to_owned())
+        }
+        async fn recv(&mut self) -> Result<Option<String>, String> {
+            self.from_peer.recv().await.unwrap_or(Ok(None))
+        }
+        async fn close(&mut self) {}
+    }
+
+    /// Hands out one link per `Peer` the test asks for; a connect with no link waiting
+    /// blocks (as a server that never answers the handshake would) until its timeout.
+    struct ChannelConnector {
+        links: mpsc::UnboundedReceiver<ChannelLink>,
+        timeout: Duration,
+    }
+
+    impl Connector for ChannelConnector {
+        type Link = ChannelLink;
+        async fn connect(&mut self) -> Result<ChannelLink, String> {
+            match tokio::time::timeout(self.timeout, self.links.recv()).await {
+                Ok(Some(link)) => Ok(link),
+                Ok(None) => Err("no more links".to_owned()),
+                Err(_) => Err("opening the stream took too long".to_owned()),
+            }
+        }
+    }
+
+    struct Harness {
+        links: mpsc::UnboundedSender<ChannelLink>,
+        events: broadcast::Receiver<ConsumerEvent>,
+        stop: watch::Sender<bool>,
+        task: JoinHandle<Summary>,
+    }
+
+    impl Harness {
+        fn start<H, F>(concurrency: usize, gate: CreditGate, handler: H) -> Harness
+        where
+            H: Fn(Delivery) -> F + Send + Sync + 'static,
+            F: Future<Output = Result<(), String>> + Send + 'static,
+        {
+            let client = Client::new("http://127.0.0.1:9", Token::new("t")).unwrap();
+            let config = EventConsumer::new(client, "s")
+                .concurrency(concurrency)
+                .credit_gate(gate);
+            let (links, rx) = mpsc::unbounded_channel();
+            let connector = ChannelConnector {
+                links: rx,
+                timeout: config.connect_timeout,
+            };
+            let (stop, stop_rx) = watch::channel(false);
+            let (events_tx, events) = broadcast::channel(64);
+            let task = tokio::spawn(run(
+                config,
+                connector,
+                Arc::new(handler),
+                stop_rx,
+                events_tx,
+            ));
+            Harness {
+                links,
+                events,
+                stop,
+                task,
+            }
+        }
+
+        fn peer(&self) -> Peer {
+            let (to_peer, from_client) = mpsc::unbounded_channel();
+            let (to_client, from_peer) = mpsc::unbounded_channel();
+            self.links.send(ChannelLink { to_peer, from_peer }).unwrap();
+            Peer {
+                from_client,
+                to_client,
+            }
+        }
+
+        async fn next_event(&mut self) -> ConsumerEvent {
+            self.events.recv().await.unwrap()
+        }
+
+        async fn stop(self) -> Summary {
+            self.stop.send(true).unwrap();
+            self.task.await.unwrap()
+        }
+    }
+
+    /// Everything the client sent so far was a heartbeat.
+    fn only_heartbeats(peer: &mut Peer) {
+        while let Ok(text) = peer.from_client.try_recv() {
+            let m: ClientMessage = serde_json::from_str(&text).unwrap();
+            assert!(
+                matches!(m, ClientMessage::Heartbeat),
+                "sent {m:?} while held"
+            );
+        }
+    }
+
+    fn credit(m: ClientMessage) -> u32 {
+        match m {
+            ClientMessage::Credit { credit } => credit,
+            other => panic!("wanted credit, got {other:?}"),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_panicking_handler_is_a_failure_and_its_credit_comes_back() {
+        let mut h = Harness::start(2, CreditGate::new(), |d: Delivery| async move {
+            if d.delivery_id == "boom" {
+                panic!("handler bug");
+            }
+            Ok(())
+        });
+        let mut peer = h.peer();
+        assert_eq!(h.next_event().await, ConsumerEvent::Connected);
+        assert_eq!(credit(peer.next().await), 2);
+        peer.deliver("boom");
+        assert_eq!(
+            h.next_event().await,
+            ConsumerEvent::HandlerFailed {
+                delivery_id: "boom".into(),
+                error: HANDLER_PANICKED.into()
+            }
+        );
+        assert_eq!(
+            credit(peer.next_not_heartbeat().await),
+            1,
+            "the slot is free again"
+        );
+        // And the consumer still works: the next delivery is handled and ACKed.
+        peer.deliver("fine");
+        match peer.next_not_heartbeat().await {
+            ClientMessage::Ack { delivery_id, .. } => assert_eq!(delivery_id, "fine"),
+            other => panic!("wanted an ACK, got {other:?}"),
+        }
+        assert_eq!(h.stop().await.cancelled_handlers, 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_held_gate_keeps_credit_back_until_it_is_released() {
+        let gate = CreditGate::new();
+        let mut h = Harness::start(2, gate.clone(), |_| async { Err("no database".to_owned()) });
+        let mut peer = h.peer();
+        assert_eq!(h.next_event().await, ConsumerEvent::Connected);
+        assert_eq!(credit(peer.next().await), 2);
+        gate.hold();
+        peer.deliver("a");
+        peer.deliver("b");
+        for _ in 0..2 {
+            assert!(matches!(
+                h.next_event().await,
+                ConsumerEvent::HandlerFailed { .. }
+            ));
+        }
+        // 25 s on (short of the silence limit), only heartbeats have been sent.
+        tokio::time::sleep(Duration::from_secs(25)).await;
+        only_heartbeats(&mut peer);
+        gate.release();
+        assert_eq!(credit(peer.next_not_heartbeat().await), 2, "what was owed");
+        h.stop().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_gate_held_at_connect_grants_nothing_to_the_new_stream() {
+        let gate = CreditGate::new();
+        gate.hold();
+        let mut h = Harness::start(3, gate.clone(), |_| async { Ok(()) });
+        let mut peer = h.peer();
+        assert_eq!(h.next_event().await, ConsumerEvent::Connected);
+        tokio::time::sleep(Duration::from_secs(25)).await;
+        only_heartbeats(&mut peer);
+        gate.release();
+        assert_eq!(credit(peer.next_not_heartbeat().await), 3);
+        h.stop().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_connect_that_never_completes_times_out_and_is_retried() {
+        let mut h = Harness::start(1, CreditGate::new(), |_| async { Ok(()) });
+        let started = Instant::now();
+        match h.next_event().await {
+            ConsumerEvent::Disconnected { reason, .. } => {
+                assert!(reason.contains("took too long"), "{reason}")
+            }
+            other => panic!("wanted a failed connect, got {other:?}"),
+        }
+        assert_eq!(started.elapsed(), CONNECT_TIMEOUT);
+        // The next attempt gets a link and connects.
+        let mut peer = h.peer();
+        assert_eq!(h.next_event().await, ConsumerEvent::Connected);
+        assert_eq!(credit(peer.next().await), 1);
+        h.stop().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_silent_platform_breaks_the_connection_after_three_heartbeats() {
+        let mut h = Harness::start(1, CreditGate::new(), |_| async { Ok(()) });
+        let _peer = h.peer();
+        assert_eq!(h.next_event().await, ConsumerEvent::Connected);
+        let started = Instant::now();
+        match h.next_event().await {
+            ConsumerEvent::Disconnected { reason, .. } => {
+                assert!(reason.contains("three heartbeat periods"), "{reason}")
+            }
+            other => panic!("wanted a disconnect, got {other:?}"),
+        }
+        let silent = started.elapsed();
+        assert!(
+            silent > HEARTBEAT * 3 && silent <= HEARTBEAT * 4,
+            "broke after {silent:?}"
+        );
+        h.stop().await;
+    }
 }

@@ -9,9 +9,10 @@
 pub mod client;
 pub mod consumer;
 pub mod credentials;
+mod link;
 pub mod wire;
 
 pub use client::{Client, DeliveryFilter, SdkError, TransportError};
-pub use consumer::{ConsumerEvent, Delivery, EventConsumer, Running, Summary};
+pub use consumer::{ConsumerEvent, CreditGate, Delivery, EventConsumer, Running, Summary};
 pub use credentials::{Credentials, CredentialsError, Token};
 pub use wire::AckResult;

@@ -85,6 +85,10 @@ pub struct Subscription {
     /// Outstanding deliveries (LEASED and EXPIRED) it may hold.
     pub window: u32,
     pub created_at: String,
+    /// How long each lease of its deliveries lasts, in milliseconds; absent from platforms that do
+    /// not say.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease_ms: Option<u64>,
 }
 
 /// `POST /v1/subscriptions`.

@@ -161,6 +161,7 @@ pub fn subscription_from_row(r: &MySqlRow) -> Result<Subscription, sqlx::Error> 
         enabled: r.try_get("enabled")?,
         window: r.try_get("window_size")?,
         created_at: r.try_get_unchecked("created")?,
+        lease_ms: None,
     })
 }
 

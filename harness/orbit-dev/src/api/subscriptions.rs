@@ -70,7 +70,9 @@ async fn load_subscription(p: &Platform, id: &str) -> ApiResult<orbit_sdk::wire:
     .fetch_optional(&p.pool)
     .await?
     .ok_or_else(|| ApiError::not_found("subscription"))?;
-    Ok(db::subscription_from_row(&row)?)
+    let mut subscription = db::subscription_from_row(&row)?;
+    subscription.lease_ms = Some(p.lease.as_millis() as u64);
+    Ok(subscription)
 }
 
 pub(super) async fn visible_subscription(

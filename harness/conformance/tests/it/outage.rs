@@ -1,0 +1,166 @@
+//! The receiver's database goes away while deliveries are queued (R-STORE-9): `receiver
+//! consume` holds new deliveries instead of burning their attempts, says so once, and takes
+//! them again when the database is back. Real processes, a real orbit-dev with real leases,
+//! a real MySQL server of the test's own, stopped with SIGSTOP or killed and restarted.
+
+use std::time::Duration;
+
+use conformance::process::Consumer;
+use conformance::{eventually, OrbitDev, QUEUE};
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use orbit_sdk::Client;
+use sqlx::{Connection, MySqlConnection};
+
+/// Deliveries queued while the database is gone.
+const QUEUED: usize = 50;
+/// How long the database stays gone.
+const OUTAGE: Duration = Duration::from_secs(20);
+
+/// How the database goes away.
+#[derive(Clone, Copy, Debug)]
+enum Outage {
+    /// SIGSTOP, then SIGCONT: connections hang, nothing is refused.
+    Stopped,
+    /// SIGKILL, then a new server on the same datadir and port: connections are refused.
+    Restarted,
+}
+
+/// Sends SIGCONT when dropped, so that a failing test never leaves a stopped server behind
+/// (a stopped process ignores the SIGTERM its cleanup sends first).
+struct ContinueOnDrop(Pid);
+
+impl Drop for ContinueOnDrop {
+    fn drop(&mut self) {
+        let _ = kill(self.0, Signal::SIGCONT);
+    }
+}
+
+async fn cancelled_task(client: &Client) -> String {
+    let task = client.submit_task(QUEUE, None).await.unwrap();
+    client.cancel_task(&task.id).await.unwrap();
+    task.id
+}
+
+async fn run(outage: Outage) {
+    let server = testdb::Server::local().expect("a local server");
+    let receiver_db = server.provision().await.expect("provisioned");
+    let init = result_inbox::Dsn::parse(&receiver_db.init_url()).unwrap();
+    result_inbox::schema::init(&init).await.unwrap();
+    receiver_db.grant_runtime().await.unwrap();
+
+    // Leases longer than the 5 s budget, so an in-flight delivery fails before its lease ends.
+    let orbit = OrbitDev::start(&["--lease-seconds", "10", "--max-attempts", "100"]).await;
+    let client = orbit.client();
+    let sub = client
+        .create_subscription(QUEUE, &["task.cancelled"])
+        .await
+        .unwrap();
+    let mut env: Vec<(&str, String)> = orbit
+        .receiver_env()
+        .into_iter()
+        .filter(|(k, _)| *k != "ORBIT_RECEIVER_DSN")
+        .collect();
+    env.push(("ORBIT_RECEIVER_DSN", receiver_db.runtime_url()));
+    env.push(("ORBIT_SUBSCRIPTION_ID", sub.id.clone()));
+    let consumer = Consumer::normal(&env);
+
+    // The consumer is up and applying.
+    let mut tasks = vec![cancelled_task(&client).await];
+    eventually(Duration::from_secs(20), "the first event applied", || {
+        let n = consumer.output().matches("classification=applied").count();
+        async move { n == 1 }
+    })
+    .await;
+
+    let pid = Pid::from_raw(server.pid().expect("a local server runs") as i32);
+    let _resume = matches!(outage, Outage::Stopped).then_some(ContinueOnDrop(pid));
+    match outage {
+        Outage::Stopped => kill(pid, Signal::SIGSTOP).unwrap(),
+        Outage::Restarted => assert!(server.kill(), "the server was running"),
+    }
+    let gone = std::time::Instant::now();
+    for _ in 0..QUEUED {
+        tasks.push(cancelled_task(&client).await);
+    }
+    eventually(OUTAGE, "the consumer to say it holds deliveries", || {
+        let said = consumer
+            .output()
+            .contains("database unavailable: holding deliveries (");
+        async move { said }
+    })
+    .await;
+    tokio::time::sleep(OUTAGE.saturating_sub(gone.elapsed())).await;
+    match outage {
+        Outage::Stopped => kill(pid, Signal::SIGCONT).unwrap(),
+        Outage::Restarted => server.restart().expect("the server starts again"),
+    }
+
+    eventually(Duration::from_secs(60), "every delivery ACKED", || {
+        let (client, sub) = (client.clone(), sub.id.clone());
+        async move {
+            let d = client
+                .list_deliveries(&sub, &Default::default())
+                .await
+                .unwrap();
+            d.len() == QUEUED + 1 && d.iter().all(|d| d.state == "ACKED")
+        }
+    })
+    .await;
+    let output = consumer.stop().await;
+    assert!(
+        output.contains("database back after "),
+        "no line for the end of the outage: {output}"
+    );
+    assert_eq!(
+        output
+            .matches("database unavailable: holding deliveries")
+            .count(),
+        1,
+        "one line for the start: {output}"
+    );
+
+    // Only what was in flight when the database went away spent a second attempt.
+    let deliveries = client
+        .list_deliveries(&sub.id, &Default::default())
+        .await
+        .unwrap();
+    let spent: Vec<_> = deliveries.iter().filter(|d| d.attempts > 1).collect();
+    assert!(
+        spent.len() <= receiver::consume::CONCURRENCY,
+        "{} deliveries spent more than one attempt ({outage:?}): {spent:?}",
+        spent.len()
+    );
+
+    // Nothing lost, nothing doubled.
+    let mut admin = MySqlConnection::connect(&receiver_db.admin_receiver_url())
+        .await
+        .unwrap();
+    let rows: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM receiver_inbox")
+        .fetch_one(&mut admin)
+        .await
+        .unwrap();
+    assert_eq!(rows, tasks.len() as i64);
+    let doubled: i64 = sqlx::query_scalar(
+        "SELECT COUNT(*) FROM receiver_task_views WHERE applied_events <> 1 OR task_version <> 2",
+    )
+    .fetch_one(&mut admin)
+    .await
+    .unwrap();
+    assert_eq!(doubled, 0);
+    let views: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM receiver_task_views")
+        .fetch_one(&mut admin)
+        .await
+        .unwrap();
+    assert_eq!(views, tasks.len() as i64);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_database_holds_queued_deliveries_without_spending_their_attempts() {
+    run(Outage::Stopped).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_database_holds_queued_deliveries_without_spending_their_attempts() {
+    run(Outage::Restarted).await;
+}

@@ -1,0 +1,95 @@
+//! Backpressure while the receiver's database is down: stop taking deliveries, probe, resume.
+//!
+//! A delivery taken while the database cannot answer would fail after its whole budget and
+//! spend a lease and an attempt for nothing. So when an apply fails in a way that may mean the
+//! database as a whole is gone (unavailable, no answer within the budget, COMMIT unanswered),
+//! [`Outage::suspect`] holds the consumer's credit (the platform then sends nothing new) and
+//! probes the database on a new connection, with a capped, jittered backoff. Deliveries already
+//! in flight end as they would anyway. When a probe fails, one line says so
+//! (`database unavailable: holding deliveries (…)`); when one succeeds, one line says how long
+//! it lasted (`database back after N s`) and credit flows again. A failure the first probe
+//! contradicts (a lock held elsewhere, say) costs a pause of one probe and prints nothing.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use orbit_sdk::CreditGate;
+use result_inbox::Store;
+use tokio::time::Instant;
+
+/// How long one probe may take before the database counts as not answering.
+pub const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
+/// The first wait between failed probes; it doubles up to [`PROBE_MAX_WAIT`].
+pub const PROBE_FIRST_WAIT: Duration = Duration::from_millis(250);
+/// The longest wait between two probes.
+pub const PROBE_MAX_WAIT: Duration = Duration::from_secs(5);
+
+/// Holds deliveries back while the database is down. Cloning shares the state.
+#[derive(Clone)]
+pub struct Outage(Arc<Inner>);
+
+impl std::fmt::Debug for Outage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Outage")
+            .field("probing", &self.0.probing.load(Ordering::SeqCst))
+            .field("holding", &self.0.gate.is_held())
+            .finish()
+    }
+}
+
+struct Inner {
+    store: Arc<Store>,
+    gate: CreditGate,
+    probing: AtomicBool,
+}
+
+impl Outage {
+    /// Watches `store`, holding `gate` during an outage.
+    pub fn new(store: Arc<Store>, gate: CreditGate) -> Outage {
+        Outage(Arc::new(Inner {
+            store,
+            gate,
+            probing: AtomicBool::new(false),
+        }))
+    }
+
+    /// A failure that may mean the database is gone: hold new deliveries and probe, unless a
+    /// probe is already under way. Returns at once.
+    pub fn suspect(&self) {
+        if self.0.probing.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        self.0.gate.hold();
+        let inner = self.0.clone();
+        tokio::spawn(async move { inner.probe_until_back().await });
+    }
+}
+
+impl Inner {
+    async fn probe_until_back(&self) {
+        let started = Instant::now();
+        let mut rng = fastrand::Rng::new();
+        let mut wait = PROBE_FIRST_WAIT;
+        let mut announced = false;
+        while let Err(e) = self.store.probe(PROBE_TIMEOUT).await {
+            if !announced {
+                tracing::warn!(
+                    "database unavailable: holding deliveries ({e}); probing it every {} s at most",
+                    PROBE_MAX_WAIT.as_secs()
+                );
+                announced = true;
+            }
+            tokio::time::sleep(wait.mul_f64(0.5 + rng.f64() / 2.0)).await;
+            wait = (wait * 2).min(PROBE_MAX_WAIT);
+        }
+        if announced {
+            tracing::info!(
+                "database back after {} s: taking deliveries again",
+                started.elapsed().as_secs()
+            );
+        }
+        self.probing.store(false, Ordering::SeqCst);
+        self.gate.release();
+    }
+}
