@@ -48,9 +48,11 @@ integration: deps build fault-build release ## Every real-server suite in parall
 demo: deps build ## The whole demo: temporary MySQL, orbit-dev, receiver init and demo
 	$(CARGO) run -q -p conformance --bin demo
 
-bench: deps ## All benchmarks, quick mode (about three minutes): canonicalise, apply, proxy relay
+bench: deps ## All benchmarks, quick mode (about five minutes): canonicalise, apply, backlog drain, proxy relay
 	$(CARGO) bench -p result-inbox --bench canonical
 	$(CARGO) bench -p result-inbox --bench apply
+	$(CARGO) build --release -p orbit-dev -p receiver --bins
+	$(CARGO) bench -p conformance --bench drain
 	$(CARGO) bench -p commit-proxy --bench relay
 
 bench-proxy: deps ## commit-proxy relay overhead: direct vs TCP forwarder vs proxy, one run

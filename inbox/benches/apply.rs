@@ -15,7 +15,15 @@ use std::time::{Duration, Instant};
 use result_inbox::Dsn;
 use result_inbox::{ApplyError, ConsumerName, Outcome, QueueId, Store, StoreOptions, TaskEvent};
 use sqlx::mysql::MySqlPoolOptions;
-use sqlx::{Executor, MySqlPool, Row};
+use sqlx::{Connection, Executor, MySqlConnection, MySqlPool, Row};
+
+/// The two-row floor: the inbox row and the view row a first receipt must write, with their
+/// final values, into copies of the receiver's tables.
+const FLOOR_INBOX: &str = "INSERT INTO bench_inbox (consumer_name, queue_id, event_id, event_digest, \
+     event_canonical, applied, received_at) VALUES ('task-result-view', 'inbox-demo', ?, ?, ?, 1, UTC_TIMESTAMP(6))";
+const FLOOR_VIEW: &str = "INSERT INTO bench_view (consumer_name, queue_id, task_id, task_version, \
+     last_event_id, last_state, last_result, applied_events, created_at, updated_at) \
+     VALUES ('task-result-view', 'inbox-demo', ?, ?, ?, ?, ?, 1, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))";
 
 fn event(task: &str, id: &str, version: u64) -> TaskEvent {
     let raw = format!(
@@ -105,6 +113,8 @@ fn main() {
             .unwrap();
         let version: String = settings.try_get(0).unwrap();
         let flush: i64 = settings.try_get::<u32, _>(1).map(i64::from).or_else(|_| settings.try_get::<i64, _>(1)).unwrap_or(-1);
+        admin.execute("CREATE TABLE bench_inbox LIKE receiver_inbox").await.unwrap();
+        admin.execute("CREATE TABLE bench_view LIKE receiver_task_views").await.unwrap();
         admin
             .execute("CREATE TABLE bench_baseline (consumer_name VARBINARY(64) NOT NULL, queue_id VARBINARY(128) NOT NULL, event_id VARBINARY(128) NOT NULL, PRIMARY KEY (consumer_name, queue_id, event_id)) ENGINE=InnoDB")
             .await
@@ -125,20 +135,63 @@ fn main() {
             .await
             .unwrap(),
         );
-        println!("  path            conc  events/s   p50 µs   p99 µs   ÷ baseline");
+        println!("  path            conc  events/s   p50 µs   p99 µs     ÷ (a)   ÷ (b)");
         let mut at1 = None;
         let mut at16 = None;
         for concurrency in [1usize, 4, 16] {
             let tag = format!("c{concurrency}");
+            // (a) the bare commit and (b) the two-row floor, each worker on a connection of
+            // its own (no pool, no ping), as the store's own connections are.
+            let conns: Arc<Vec<tokio::sync::Mutex<MySqlConnection>>> = {
+                let mut v = Vec::new();
+                for _ in 0..concurrency {
+                    let mut c = MySqlConnection::connect(&db.admin_receiver_url()).await.unwrap();
+                    c.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED").await.unwrap();
+                    v.push(tokio::sync::Mutex::new(c));
+                }
+                Arc::new(v)
+            };
             let baseline = {
-                let (admin, tag) = (admin.clone(), tag.clone());
+                let (conns, tag) = (conns.clone(), tag.clone());
                 measure(ops, concurrency, move |i| {
-                    let (admin, tag) = (admin.clone(), tag.clone());
+                    let (conns, tag) = (conns.clone(), tag.clone());
                     async move {
-                        let mut conn = admin.acquire().await.unwrap();
+                        let mut conn = conns[i % conns.len()].lock().await;
                         conn.execute("BEGIN").await.unwrap();
                         sqlx::query("INSERT INTO bench_baseline VALUES ('task-result-view', 'inbox-demo', ?)")
                             .bind(format!("base-{tag}-{i}"))
+                            .execute(&mut *conn)
+                            .await
+                            .unwrap();
+                        conn.execute("COMMIT").await.unwrap();
+                    }
+                })
+                .await
+            };
+            let floor_events: Arc<Vec<TaskEvent>> = Arc::new(
+                (0..ops).map(|i| event(&format!("f-{tag}-{i}"), &format!("f-{tag}-{i}"), 5)).collect(),
+            );
+            let floor = {
+                let (conns, evs) = (conns.clone(), floor_events.clone());
+                measure(ops, concurrency, move |i| {
+                    let (conns, evs) = (conns.clone(), evs.clone());
+                    async move {
+                        let e = &evs[i];
+                        let mut conn = conns[i % conns.len()].lock().await;
+                        conn.execute("BEGIN").await.unwrap();
+                        sqlx::query(FLOOR_INBOX)
+                            .bind(e.id().as_str().as_bytes())
+                            .bind(&e.digest().0[..])
+                            .bind(e.canonical())
+                            .execute(&mut *conn)
+                            .await
+                            .unwrap();
+                        sqlx::query(FLOOR_VIEW)
+                            .bind(e.task().as_str().as_bytes())
+                            .bind(e.version())
+                            .bind(e.id().as_str().as_bytes())
+                            .bind(e.state().as_str().as_bytes())
+                            .bind(e.result())
                             .execute(&mut *conn)
                             .await
                             .unwrap();
@@ -152,6 +205,19 @@ fn main() {
             );
             let first = {
                 let (store, evs) = (store.clone(), first_events.clone());
+                measure(ops, concurrency, move |i| {
+                    let (store, evs) = (store.clone(), evs.clone());
+                    async move {
+                        assert_eq!(apply_retrying(&store, &evs[i]).await.0, Outcome::Applied);
+                    }
+                })
+                .await
+            };
+            let higher_events: Arc<Vec<TaskEvent>> = Arc::new(
+                (0..ops).map(|i| event(&format!("t-{tag}-{i}"), &format!("h-{tag}-{i}"), 6)).collect(),
+            );
+            let existing = {
+                let (store, evs) = (store.clone(), higher_events.clone());
                 measure(ops, concurrency, move |i| {
                     let (store, evs) = (store.clone(), evs.clone());
                     async move {
@@ -183,13 +249,21 @@ fn main() {
                 })
                 .await
             };
-            for (name, s) in [("baseline", &baseline), ("first receipt", &first), ("duplicate", &duplicate), ("stale", &stale)] {
+            for (name, s) in [
+                ("(a) bare commit", &baseline),
+                ("(b) two rows", &floor),
+                ("first receipt", &first),
+                ("existing task", &existing),
+                ("duplicate", &duplicate),
+                ("stale", &stale),
+            ] {
                 println!(
-                    "  {name:<15} {concurrency:>4} {:>9.0} {:>8} {:>8}   {:.2}",
+                    "  {name:<15} {concurrency:>4} {:>9.0} {:>8} {:>8}   {:>5.2}   {:>5.2}",
                     s.per_second,
                     s.p50.as_micros(),
                     s.p99.as_micros(),
-                    s.per_second / baseline.per_second
+                    s.per_second / baseline.per_second,
+                    s.per_second / floor.per_second
                 );
             }
             if concurrency == 1 {
@@ -203,30 +277,47 @@ fn main() {
             println!("  first receipt, concurrency 16 ÷ concurrency 1: {:.2}", b / a);
         }
 
-        // Contention: 16 concurrent applies on one task, rising versions.
-        let events: Vec<TaskEvent> = (1..=16).map(|v| event("t-hot", &format!("hot-{v}"), v)).collect();
-        let mut handles = Vec::new();
-        for e in events {
-            let store = store.clone();
-            handles.push(tokio::spawn(async move { apply_retrying(&store, &e).await }));
-        }
-        let mut retries = 0;
-        let mut applied = 0;
-        for h in handles {
-            let (o, r) = h.await.unwrap();
-            retries += r;
-            if o == Outcome::Applied {
-                applied += 1;
+        // Contention: 16 concurrent applies on one task, versions 1-16, each apply once (what
+        // reaches the caller is what would reach the platform). A new task every round (the
+        // first receipt's create-or-lock) and an existing one (the view row's lock).
+        for (scenario, rounds) in [("a new task", 20usize), ("an existing task", 20)] {
+            let mut deadlocks = 0;
+            let mut other_errors = 0;
+            let mut retries = 0;
+            let mut deadlock_retries_possible = 0;
+            for round in 0..rounds {
+                let task = format!("t-hot-{}-{round}", scenario.len());
+                if scenario == "an existing task" {
+                    store.apply(&event(&task, &format!("seed-{task}"), 1)).await.unwrap();
+                }
+                let start = Arc::new(tokio::sync::Barrier::new(16));
+                let mut handles = Vec::new();
+                for v in 1..=16u64 {
+                    let (store, start) = (store.clone(), start.clone());
+                    let e = event(&task, &format!("hot-{round}-{v}"), v + 1);
+                    handles.push(tokio::spawn(async move {
+                        start.wait().await;
+                        store.apply_until(&e, &result_inbox::store::NoWrite, None).await
+                    }));
+                }
+                for h in handles {
+                    let applied = h.await.unwrap();
+                    retries += applied.retries;
+                    deadlock_retries_possible += 1;
+                    match applied.result {
+                        Ok(_) => {}
+                        Err(ApplyError::Storage(e)) if e.kind() == result_inbox::StorageKind::Deadlock => deadlocks += 1,
+                        Err(_) => other_errors += 1,
+                    }
+                }
+                let view = store.view(&result_inbox::TaskId::new(&task).unwrap()).await.unwrap().unwrap();
+                assert_eq!(view.task_version, 17, "{scenario}, round {round}");
             }
+            println!(
+                "  contention, 16 concurrent versions of {scenario}, {rounds} rounds ({deadlock_retries_possible} applies): {deadlocks} deadlocks and {other_errors} other errors reached the caller; {retries} retries inside the apply"
+            );
+            assert_eq!(deadlocks, 0, "a deadlock reached the caller");
         }
-        let view = store.view(&result_inbox::TaskId::new("t-hot").unwrap()).await.unwrap().unwrap();
-        assert_eq!(view.task_version, 16);
-        assert_eq!(view.applied_events, applied);
-        println!(
-            "  contention: 16 applies on one task: view at v{}, {} advances, {} retries after retryable errors",
-            view.task_version, applied, retries
-        );
-        let _: Option<ApplyError> = None;
         store.close().await;
         admin.close().await;
         drop(db);

@@ -403,7 +403,7 @@ impl Store {
         // What a timeout reports: the time this apply was given.
         let allowed = end.saturating_duration_since(started);
         // Time kept back for killing an abandoned statement, so the whole apply ends by `end`.
-        let reserve = KILL_TIMEOUT.min(self.apply_timeout / 4);
+        let reserve = KILL_TIMEOUT.min(allowed / 4);
         let work_end = end.checked_sub(reserve).unwrap_or(end);
         let mut rng = fastrand::Rng::new();
         let mut wait = RETRY_FIRST_WAIT;

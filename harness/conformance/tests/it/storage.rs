@@ -856,3 +856,17 @@ async fn an_apply_that_runs_out_of_time_leaves_nothing_waiting_on_the_server() {
         again.elapsed()
     );
 }
+
+/// A short deadline (a short lease) still leaves the apply most of its time: only a quarter,
+/// at most 500 ms, is kept back for killing an abandoned statement.
+#[tokio::test]
+async fn an_apply_with_a_short_deadline_still_applies() {
+    let rdb = ReceiverDb::new().await;
+    let store = rdb.store().await;
+    let event = EventSpec::cancelled("evt-short", "task-short", 1).event();
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(400);
+    let applied = store
+        .apply_until(&event, &result_inbox::store::NoWrite, Some(deadline))
+        .await;
+    assert_eq!(applied.result.unwrap(), Outcome::Applied);
+}

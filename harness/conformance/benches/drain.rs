@@ -1,0 +1,218 @@
+//! A backlog drained by the real `receiver consume` (release build) from a real `orbit-dev`,
+//! against the same events applied straight through `Store` at the same concurrency, in the
+//! same run, on the same server: events per second, their ratio, and what reached the
+//! platform that should not have (deadlocks, second attempts).
+//!
+//! The backlog: 500 tasks, each `task.submitted` (v1), `task.started` (v2), `task.succeeded`
+//! (v3) and one redelivery of one of those (the platform's duplicate-event fault): 2,000
+//! deliveries, the tasks' steps interleaved in a seeded random order. orbit-dev's task states
+//! allow three versions per task (a final state is final), so the fourth delivery of each task
+//! is a duplicate rather than a fourth version.
+//!
+//! Run with `make bench` (or `cargo build --release --bins && cargo bench -p conformance
+//! --bench drain`). `DRAIN_BENCH_TASKS=N` changes the number of tasks.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use conformance::process::Consumer;
+use conformance::{subscribed_receiver, QUEUE};
+use result_inbox::{ConsumerName, QueueId, Store, StoreOptions, TaskEvent};
+use serde_json::json;
+use sqlx::{Connection, MySqlConnection};
+
+const CONCURRENCY: usize = receiver::consume::CONCURRENCY;
+
+#[derive(Clone, Copy)]
+enum Step {
+    Submit,
+    Start,
+    Succeed,
+    Duplicate,
+}
+
+fn main() {
+    #[allow(clippy::disallowed_methods)] // a bench knob, not receiver configuration
+    let tasks: usize = std::env::var("DRAIN_BENCH_TASKS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(500);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(drain(tasks));
+}
+
+async fn drain(tasks: usize) {
+    let (orbit, client, sub, env) = subscribed_receiver(
+        &["--enable-fault-api", "--window", "10000"],
+        &["task.submitted", "task.started", "task.succeeded"],
+    )
+    .await;
+
+    // The schedule: each task's steps in order, the tasks interleaved at random.
+    let mut rng = fastrand::Rng::with_seed(0x5EED_D4A1);
+    let mut plan: Vec<Vec<Step>> = (0..tasks)
+        .map(|_| {
+            let mut steps = vec![Step::Submit, Step::Start, Step::Succeed];
+            steps.insert(rng.usize(1..=3), Step::Duplicate);
+            steps.reverse();
+            steps
+        })
+        .collect();
+    let mut ids: Vec<Option<String>> = vec![None; tasks];
+    let produced = Instant::now();
+    let mut open: Vec<usize> = (0..tasks).collect();
+    while !open.is_empty() {
+        let pick = rng.usize(..open.len());
+        let t = open[pick];
+        match plan[t].pop().expect("a step left") {
+            Step::Submit => ids[t] = Some(client.submit_task(QUEUE, None).await.unwrap().id),
+            Step::Start => {
+                let id = ids[t].as_deref().unwrap();
+                client.report_task(id, "RUNNING", None).await.unwrap();
+            }
+            Step::Succeed => {
+                let id = ids[t].as_deref().unwrap();
+                let result =
+                    serde_json::value::RawValue::from_string(format!(r#"{{"n":{t},"ok":true}}"#))
+                        .unwrap();
+                client
+                    .report_task(id, "SUCCEEDED", Some(&result))
+                    .await
+                    .unwrap();
+            }
+            Step::Duplicate => {
+                let filter = orbit_sdk::DeliveryFilter {
+                    task_id: ids[t].clone(),
+                    ..Default::default()
+                };
+                let emitted = client.list_deliveries(&sub.id, &filter).await.unwrap();
+                let event = &emitted[rng.usize(..emitted.len())].event_id;
+                orbit.fault(json!({"fault": "duplicate-event", "event_id": event}));
+            }
+        }
+        if plan[t].is_empty() {
+            open.swap_remove(pick);
+        }
+    }
+    let deliveries = tasks * 4;
+    println!(
+        "drain bench: {deliveries} deliveries queued over {tasks} tasks in {:.1} s; draining with receiver consume at concurrency {CONCURRENCY}",
+        produced.elapsed().as_secs_f64()
+    );
+
+    // The drain: from the consumer's "consuming" line to every delivery ACKED.
+    let consumer = Consumer::normal(&env);
+    while !consumer.output().contains("consuming") {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let started = Instant::now();
+    let filter = orbit_sdk::DeliveryFilter {
+        limit: Some(10_000),
+        ..Default::default()
+    };
+    let listed = loop {
+        let d = client.list_deliveries(&sub.id, &filter).await.unwrap();
+        if d.len() == deliveries && d.iter().all(|d| d.state == "ACKED") {
+            break d;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(600),
+            "the backlog did not drain in 10 minutes"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let drained = started.elapsed();
+    let output = consumer.stop().await;
+    let drain_rate = deliveries as f64 / drained.as_secs_f64();
+    let deadlocks = output
+        .lines()
+        .filter(|l| l.contains("not acked") && l.contains("mysql 1213"))
+        .count();
+    let not_acked = output.lines().filter(|l| l.contains("not acked")).count();
+    let second_attempts = listed.iter().filter(|d| d.attempts > 1).count();
+    let retried: u64 = output
+        .lines()
+        .filter_map(|l| l.split(" retries=").nth(1))
+        .filter_map(|r| r.split(' ').next()?.parse::<u64>().ok())
+        .sum();
+
+    // The same deliveries straight through Store, same concurrency, another consumer name.
+    let mut admin = MySqlConnection::connect(&orbit.db.admin_receiver_url())
+        .await
+        .unwrap();
+    let canonical: Vec<Vec<u8>> =
+        sqlx::query_scalar("SELECT event_canonical FROM receiver_inbox ORDER BY received_at")
+            .fetch_all(&mut admin)
+            .await
+            .unwrap();
+    let queue = QueueId::new(QUEUE).unwrap();
+    let mut events: Vec<TaskEvent> = canonical
+        .iter()
+        .map(|c| TaskEvent::parse(c, &queue).unwrap())
+        .collect();
+    // The duplicates again, one per task, so that both runs apply the same number.
+    let extra: Vec<TaskEvent> = (0..tasks)
+        .map(|i| events[i % events.len()].clone())
+        .collect();
+    events.extend(extra);
+    events.truncate(deliveries);
+    rng.shuffle(&mut events);
+    let dsn = result_inbox::Dsn::parse(&orbit.db.runtime_url()).unwrap();
+    let store = Arc::new(
+        Store::connect(
+            &dsn,
+            ConsumerName::new("drain-direct").unwrap(),
+            queue,
+            StoreOptions {
+                max_connections: CONCURRENCY as u32,
+                ..StoreOptions::default()
+            },
+        )
+        .await
+        .unwrap(),
+    );
+    let events = Arc::new(events);
+    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let direct_started = Instant::now();
+    let mut workers = Vec::new();
+    for _ in 0..CONCURRENCY {
+        let (store, events, next) = (store.clone(), events.clone(), next.clone());
+        workers.push(tokio::spawn(async move {
+            let mut failed = 0;
+            loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let Some(e) = events.get(i) else {
+                    return failed;
+                };
+                if store.apply(e).await.is_err() {
+                    failed += 1;
+                }
+            }
+        }));
+    }
+    let mut direct_failed = 0;
+    for w in workers {
+        direct_failed += w.await.unwrap();
+    }
+    let direct = direct_started.elapsed();
+    let direct_rate = deliveries as f64 / direct.as_secs_f64();
+    store.close().await;
+
+    println!(
+        "  receiver consume: {deliveries} deliveries in {:.2} s: {drain_rate:.0} events/s",
+        drained.as_secs_f64()
+    );
+    println!(
+        "  Store::apply direct, same events, concurrency {CONCURRENCY}: {:.2} s: {direct_rate:.0} events/s ({direct_failed} failed)",
+        direct.as_secs_f64()
+    );
+    println!("  consume ÷ direct: {:.2}", drain_rate / direct_rate);
+    println!(
+        "  reached the platform: {deadlocks} deadlocks, {not_acked} deliveries not ACKed, {second_attempts} second attempts; retries inside the apply: {retried}"
+    );
+    assert_eq!(deadlocks, 0, "a deadlock reached the platform");
+}
