@@ -294,7 +294,7 @@ fn main() {
                 let mut handles = Vec::new();
                 for v in 1..=16u64 {
                     let (store, start) = (store.clone(), start.clone());
-                    let e = event(&task, &format!("hot-{round}-{v}"), v + 1);
+                    let e = event(&task, &format!("{task}-{v}"), v + 1);
                     handles.push(tokio::spawn(async move {
                         start.wait().await;
                         store.apply_until(&e, &result_inbox::store::NoWrite, None).await

@@ -134,6 +134,16 @@ async fn drain(tasks: usize) {
         .count();
     let not_acked = output.lines().filter(|l| l.contains("not acked")).count();
     let second_attempts = listed.iter().filter(|d| d.attempts > 1).count();
+    // How long the applies themselves took, from consume's own lines: the rest of a
+    // delivery's time is the platform's (lease, send, ACK).
+    let mut apply_ms: Vec<u64> = output
+        .lines()
+        .filter(|l| l.contains("classification="))
+        .filter_map(|l| l.split(" duration_ms=").nth(1))
+        .filter_map(|r| r.split(' ').next()?.parse().ok())
+        .collect();
+    apply_ms.sort_unstable();
+    let apply_p50 = apply_ms.get(apply_ms.len() / 2).copied().unwrap_or(0);
     let retried: u64 = output
         .lines()
         .filter_map(|l| l.split(" retries=").nth(1))
@@ -211,6 +221,10 @@ async fn drain(tasks: usize) {
         direct.as_secs_f64()
     );
     println!("  consume ÷ direct: {:.2}", drain_rate / direct_rate);
+    println!(
+        "  per delivery in consume: {:.1} ms of wall time per handler slot, of which the apply (p50) {apply_p50} ms",
+        drained.as_secs_f64() * 1000.0 * CONCURRENCY as f64 / deliveries as f64
+    );
     println!(
         "  reached the platform: {deadlocks} deadlocks, {not_acked} deliveries not ACKed, {second_attempts} second attempts; retries inside the apply: {retried}"
     );

@@ -405,6 +405,14 @@ async fn a_poison_event_expires_in_the_window_and_is_applied_once_after_the_fix_
     })
     .await;
     assert_eq!(refusals(), 2, "{}", consumer.output());
+    // A 1 s lease is shorter than the 5 s budget: consume said so at start.
+    assert!(
+        consumer
+            .output()
+            .contains("the subscription's lease is shorter than the apply budget"),
+        "{}",
+        consumer.output()
+    );
 
     // The EXPIRED delivery holds the window of 1: a good event waits behind it.
     let good = cancelled_task(&client).await;

@@ -814,6 +814,7 @@ async fn an_apply_that_runs_out_of_time_leaves_nothing_waiting_on_the_server() {
     // The competitor holds the inbox row's lock far past the 5 s budget (MariaDB's own lock
     // wait would last 50 s).
     let mut rival = competitor(&rdb, &event).await;
+    let held_since = std::time::Instant::now();
     let started = std::time::Instant::now();
     match store.apply(&event).await {
         Err(ApplyError::Timeout(_)) => {}
@@ -846,6 +847,8 @@ async fn an_apply_that_runs_out_of_time_leaves_nothing_waiting_on_the_server() {
             .await,
         1
     );
+    // The competitor keeps its lock for 20 s in all, then gives up.
+    tokio::time::sleep(Duration::from_secs(20).saturating_sub(held_since.elapsed())).await;
     rival.execute("ROLLBACK").await.unwrap();
     // The redelivery waits for nothing.
     let again = std::time::Instant::now();
