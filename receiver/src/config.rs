@@ -27,6 +27,9 @@ pub const ORBIT_QUEUE_ID: &str = orbit_sdk::credentials::ORBIT_QUEUE_ID;
 pub const ORBIT_SUBSCRIPTION_ID: &str = "ORBIT_SUBSCRIPTION_ID";
 /// `text` (default) or `json` log lines.
 pub const RECEIVER_LOG_FORMAT: &str = "RECEIVER_LOG_FORMAT";
+/// Where `consume` serves `/metrics`, `/healthz` and `/readyz`, e.g. `127.0.0.1:9464`; unset,
+/// nothing listens.
+pub const RECEIVER_METRICS_LISTEN: &str = "RECEIVER_METRICS_LISTEN";
 
 /// Where configuration values come from.
 pub trait Source {
@@ -291,6 +294,26 @@ impl DemoConfig {
 pub struct ConsumeConfig {
     pub run: RunConfig,
     pub subscription: String,
+    /// Where to serve metrics, if anywhere.
+    pub metrics: Option<std::net::SocketAddr>,
+}
+
+/// Reads `RECEIVER_METRICS_LISTEN`: an IP address and a port (port 0 picks a free one).
+fn metrics_listen(
+    source: &dyn Source,
+    errors: &mut Vec<ConfigError>,
+) -> Option<std::net::SocketAddr> {
+    let v = source.get(RECEIVER_METRICS_LISTEN)?;
+    match v.trim().parse() {
+        Ok(addr) => Some(addr),
+        Err(_) => {
+            errors.push(ConfigError {
+                variable: RECEIVER_METRICS_LISTEN,
+                problem: "must be an IP address and a port, e.g. 127.0.0.1:9464 (unset it to serve no metrics)".into(),
+            });
+            None
+        }
+    }
 }
 
 impl ConsumeConfig {
@@ -303,10 +326,13 @@ impl ConsumeConfig {
             &mut errors,
             "is not set: give the 32-character id of an existing subscription",
         );
+        let metrics = metrics_listen(source, &mut errors);
         match (run, subscription) {
-            (Some(run), Some(subscription)) if errors.is_empty() => {
-                Ok(ConsumeConfig { run, subscription })
-            }
+            (Some(run), Some(subscription)) if errors.is_empty() => Ok(ConsumeConfig {
+                run,
+                subscription,
+                metrics,
+            }),
             _ => Err(ConfigErrors(errors)),
         }
     }

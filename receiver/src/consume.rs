@@ -18,6 +18,7 @@ use orbit_sdk::{Client, ConsumerEvent, CreditGate, EventConsumer};
 
 use crate::config::ConsumeConfig;
 use crate::delivery::apply_raw;
+use crate::metrics::Metrics;
 use crate::outage::Outage;
 use result_inbox::Store;
 use result_inbox::StoreOptions;
@@ -47,6 +48,8 @@ pub enum ConsumeError {
     Platform(#[source] orbit_sdk::SdkError),
     #[error("cannot listen for SIGTERM/SIGINT: {0}")]
     Signals(#[source] std::io::Error),
+    #[error("cannot serve metrics on {0} (RECEIVER_METRICS_LISTEN): {1}")]
+    Metrics(std::net::SocketAddr, #[source] std::io::Error),
     #[error("subscription {id} consumes queue {actual}, not the configured queue {configured}: refusing to start")]
     WrongQueue {
         id: String,
@@ -102,6 +105,14 @@ pub async fn run(
         subscription = %config.subscription,
         "starting: reading the subscription from the platform and connecting to the receiver database"
     );
+    let metrics = Metrics::new();
+    if let Some(listen) = config.metrics {
+        let bound = metrics
+            .serve(listen)
+            .await
+            .map_err(|e| ConsumeError::Metrics(listen, e))?;
+        tracing::info!(listen = %bound, "metrics: serving /metrics, /healthz and /readyz");
+    }
     let (client, subscription, store) = tokio::select! {
         started = start(config) => started?,
         signal = &mut stop => {
@@ -109,6 +120,7 @@ pub async fn run(
             return Ok(());
         }
     };
+    metrics.subscription_checked();
     let queue = config.run.platform.queue.clone();
     tracing::info!(subscription = %subscription.id, queue = %queue, consumer = %config.run.name, "consuming");
     let lease = subscription.lease_ms.map(Duration::from_millis);
@@ -122,7 +134,7 @@ pub async fn run(
         );
     }
     let gate = CreditGate::new();
-    let outage = Outage::new(store.clone(), gate.clone());
+    let outage = Outage::new(store.clone(), gate.clone(), metrics.clone());
     let consumer = {
         let (store, queue) = (store.clone(), queue.clone());
         let consumer = EventConsumer::new(client, subscription.id.clone())
@@ -130,14 +142,18 @@ pub async fn run(
             .credit_gate(gate);
         #[cfg(feature = "fault-barriers")]
         let consumer = consumer.after_ack_sent(crate::fault::ack_sent_hook());
+        let metrics = metrics.clone();
         consumer.start(move |d| {
             let (store, queue, outage) = (store.clone(), queue.clone(), outage.clone());
+            let metrics = metrics.clone();
             async move {
                 let started = Instant::now();
+                metrics.started();
                 let deadline = tokio::time::Instant::from_std(started) + window;
                 let h = apply_raw(&store, &queue, d.event_json().as_bytes(), Some(deadline)).await;
-                let ms = started.elapsed().as_millis() as u64;
-                h.log(&d.delivery_id, d.attempt, ms);
+                let took = started.elapsed();
+                metrics.handled(&h, took);
+                h.log(&d.delivery_id, d.attempt, took.as_millis() as u64);
                 if h.suspect_database {
                     outage.suspect();
                 }
@@ -153,6 +169,7 @@ pub async fn run(
         })
     };
     let mut events = consumer.events();
+    let acks = metrics.clone();
     let watch = tokio::spawn(async move {
         while let Ok(e) = events.recv().await {
             match e {
@@ -164,6 +181,11 @@ pub async fn run(
                     result,
                     ..
                 } => {
+                    let name = serde_json::to_value(result)
+                        .ok()
+                        .and_then(|v| v.as_str().map(str::to_owned))
+                        .unwrap_or_default();
+                    acks.ack(&name);
                     tracing::info!(delivery_id = %delivery_id, result = ?result, "ack answered")
                 }
                 ConsumerEvent::Connected => tracing::info!("stream connected"),

@@ -18,4 +18,5 @@ pub mod demo;
 #[cfg(feature = "fault-barriers")]
 pub mod fault;
 pub mod inspect;
+pub mod metrics;
 pub mod outage;

@@ -16,6 +16,8 @@ use std::time::Duration;
 
 use orbit_sdk::CreditGate;
 use result_inbox::Store;
+
+use crate::metrics::Metrics;
 use tokio::time::Instant;
 
 /// How long one probe may take before the database counts as not answering.
@@ -42,15 +44,17 @@ struct Inner {
     store: Arc<Store>,
     gate: CreditGate,
     probing: AtomicBool,
+    metrics: Metrics,
 }
 
 impl Outage {
-    /// Watches `store`, holding `gate` during an outage.
-    pub fn new(store: Arc<Store>, gate: CreditGate) -> Outage {
+    /// Watches `store`, holding `gate` during an outage and saying so in `metrics`.
+    pub fn new(store: Arc<Store>, gate: CreditGate, metrics: Metrics) -> Outage {
         Outage(Arc::new(Inner {
             store,
             gate,
             probing: AtomicBool::new(false),
+            metrics,
         }))
     }
 
@@ -61,6 +65,7 @@ impl Outage {
             return;
         }
         self.0.gate.hold();
+        self.0.metrics.database(true, true);
         let inner = self.0.clone();
         tokio::spawn(async move { inner.probe_until_back().await });
     }
@@ -73,6 +78,7 @@ impl Inner {
         let mut wait = PROBE_FIRST_WAIT;
         let mut announced = false;
         while let Err(e) = self.store.probe(PROBE_TIMEOUT).await {
+            self.metrics.database(false, true);
             if !announced {
                 tracing::warn!(
                     "database unavailable: holding deliveries ({e}); probing it every {} s at most",
@@ -90,6 +96,7 @@ impl Inner {
             );
         }
         self.probing.store(false, Ordering::SeqCst);
+        self.metrics.database(true, false);
         self.gate.release();
     }
 }

@@ -8,6 +8,7 @@ mod commit_proxy;
 mod demo;
 mod faults;
 mod inspect;
+mod metrics;
 mod outage;
 mod platform;
 mod schema;

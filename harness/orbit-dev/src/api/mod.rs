@@ -27,6 +27,7 @@ use tasks::{cancel_task, get_task, report_task, submit_task};
 mod auth;
 mod deliveries;
 mod faults;
+pub mod metrics;
 mod stream;
 mod subscriptions;
 mod tasks;
@@ -53,6 +54,8 @@ pub struct Platform {
     pub drop_next_ack: AtomicBool,
     /// Fault: close the stream right after the next delivery is sent.
     pub close_after_delivery: AtomicBool,
+    /// What `/metrics` reports.
+    pub metrics: metrics::PlatformMetrics,
 }
 
 type Shared = Arc<Platform>;
@@ -124,6 +127,7 @@ pub fn router(p: Shared) -> Router {
             "/healthz",
             get(|| async { Json(serde_json::json!({"status": "ok"})) }),
         )
+        .route("/metrics", get(metrics::metrics))
         .route("/v1/credential", get(credential))
         .route("/v1/queues/{queue}/tasks", post(submit_task))
         .route("/v1/tasks/{id}", get(get_task))

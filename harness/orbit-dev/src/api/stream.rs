@@ -28,8 +28,11 @@ pub async fn expire_leases(p: Shared) {
         )
         .execute(&p.pool)
         .await;
-        if matches!(result, Ok(r) if r.rows_affected() > 0) {
-            p.wake.notify_waiters();
+        if let Ok(r) = result.as_ref().map(|r| r.rows_affected()).map_err(|_| ()) {
+            if r > 0 {
+                p.metrics.leases_expired(r);
+                p.wake.notify_waiters();
+            }
         }
     }
 }
@@ -186,6 +189,7 @@ pub(super) async fn ack(
         .fetch_optional(&mut *tx)
         .await?
     else {
+        p.metrics.ack(AckResult::Refused);
         return Ok((AckResult::Refused, Some("no such delivery on this subscription".into())));
     };
     let state: String = row.try_get_unchecked(0)?;
@@ -212,6 +216,7 @@ pub(super) async fn ack(
         ),
     };
     tx.commit().await?;
+    p.metrics.ack(answer.0);
     if answer.0 == AckResult::Acked {
         p.wake.notify_waiters();
     }

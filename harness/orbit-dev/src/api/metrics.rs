@@ -1,0 +1,117 @@
+//! `GET /metrics`: the platform's side in the Prometheus text format, for the tests and for
+//! whoever runs a development platform. Deliveries by state are counted from the database at
+//! each scrape; leases that ran out and ACK answers are counted as they happen. No label
+//! carries an id.
+
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::IntoResponse;
+use prometheus_client::encoding::text::encode;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use sqlx::Row;
+
+use super::Shared;
+use orbit_sdk::AckResult;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StateLabel {
+    state: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabel {
+    result: String,
+}
+
+/// The platform's metrics.
+pub struct PlatformMetrics {
+    registry: Registry,
+    deliveries: Family<StateLabel, Gauge>,
+    leases_expired: Counter,
+    acks: Family<ResultLabel, Counter>,
+}
+
+impl Default for PlatformMetrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("orbit");
+        let deliveries = Family::<StateLabel, Gauge>::default();
+        registry.register(
+            "deliveries",
+            "Deliveries by state, read from the database at this scrape",
+            deliveries.clone(),
+        );
+        let leases_expired = Counter::default();
+        registry.register(
+            "leases_expired",
+            "Leases that ran out unACKed (back to PENDING, or EXPIRED when the budget was spent)",
+            leases_expired.clone(),
+        );
+        let acks = Family::<ResultLabel, Counter>::default();
+        registry.register("acks", "ACKs answered, by result", acks.clone());
+        PlatformMetrics {
+            registry,
+            deliveries,
+            leases_expired,
+            acks,
+        }
+    }
+}
+
+impl PlatformMetrics {
+    pub fn leases_expired(&self, n: u64) {
+        self.leases_expired.inc_by(n);
+    }
+
+    pub fn ack(&self, result: AckResult) {
+        let result = match result {
+            AckResult::Acked => "acked",
+            AckResult::AlreadyAcked => "already_acked",
+            _ => "refused",
+        };
+        self.acks
+            .get_or_create(&ResultLabel {
+                result: result.to_owned(),
+            })
+            .inc();
+    }
+}
+
+pub(super) async fn metrics(State(p): State<Shared>) -> impl IntoResponse {
+    let rows = sqlx::query("SELECT state, COUNT(*) FROM orbit_deliveries GROUP BY state")
+        .fetch_all(&p.pool)
+        .await;
+    let Ok(rows) = rows else {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+            "the platform database did not answer\n".to_owned(),
+        );
+    };
+    let m = &p.metrics;
+    for state in ["PENDING", "LEASED", "ACKED", "EXPIRED"] {
+        let count = rows
+            .iter()
+            .find(|r| r.try_get_unchecked::<String, _>(0).ok().as_deref() == Some(state))
+            .and_then(|r| r.try_get::<i64, _>(1).ok())
+            .unwrap_or(0);
+        m.deliveries
+            .get_or_create(&StateLabel {
+                state: state.to_owned(),
+            })
+            .set(count);
+    }
+    let mut out = String::new();
+    let _ = encode(&mut out, &m.registry);
+    (
+        StatusCode::OK,
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        out,
+    )
+}
