@@ -25,6 +25,17 @@ const FLOOR_VIEW: &str = "INSERT INTO bench_view (consumer_name, queue_id, task_
      last_event_id, last_state, last_result, applied_events, created_at, updated_at) \
      VALUES ('task-result-view', 'inbox-demo', ?, ?, ?, ?, ?, 1, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))";
 
+/// An event whose `result` is about `kib` KiB of canonical JSON.
+fn large_event(task: &str, id: &str, version: u64, kib: usize) -> TaskEvent {
+    let item = r#"{"sku":"A-1000","note":"a line of text, repeated to reach the size","qty":12},"#;
+    let items = item.repeat(kib * 1024 / item.len());
+    let raw = format!(
+        r#"{{"id":"{id}","type":"task.succeeded","namespace":"default","queue_id":"inbox-demo","task_id":"{task}","task_version":{version},"state":"SUCCEEDED","occurred_at":"2026-12-02T14:17:05Z","result":{{"items":[{}]}}}}"#,
+        items.trim_end_matches(',')
+    );
+    TaskEvent::parse(raw.as_bytes(), &QueueId::new("inbox-demo").unwrap()).unwrap()
+}
+
 fn event(task: &str, id: &str, version: u64) -> TaskEvent {
     let raw = format!(
         r#"{{"id":"{id}","type":"task.succeeded","namespace":"default","queue_id":"inbox-demo","task_id":"{task}","task_version":{version},"state":"SUCCEEDED","occurred_at":"2026-12-02T14:17:05Z","result":{{"total":123456789012345678901234567890,"price":1.50,"items":[1,2,3]}}}}"#
@@ -317,6 +328,118 @@ fn main() {
                 "  contention, 16 concurrent versions of {scenario}, {rounds} rounds ({deadlock_retries_possible} applies): {deadlocks} deadlocks and {other_errors} other errors reached the caller; {retries} retries inside the apply"
             );
             assert_eq!(deadlocks, 0, "a deadlock reached the caller");
+        }
+        // The large path: a 64 KiB result, written twice by a first receipt (the inbox's frozen
+        // event and the view's last_result), against the two-row floor with the same bytes.
+        let redo: i64 = admin
+            .fetch_one("SELECT @@innodb_log_file_size")
+            .await
+            .unwrap()
+            .try_get::<u64, _>(0)
+            .map(|v| v as i64)
+            .unwrap_or(-1);
+        let log_waits = |admin: MySqlPool| async move {
+            let row = admin
+                .fetch_one("SHOW GLOBAL STATUS LIKE 'Innodb_log_waits'")
+                .await
+                .unwrap();
+            row.try_get::<String, _>(1).unwrap().parse::<u64>().unwrap_or(0)
+        };
+        let large_ops = (ops / 4).max(50);
+        println!(
+            "  large events (a 64 KiB result, {large_ops} per configuration), innodb_log_file_size={} MiB:",
+            redo / (1024 * 1024)
+        );
+        println!("  path            conc  events/s   p50 µs   p99 µs     ÷ (a)   ÷ (b, same bytes)");
+        for concurrency in [1usize, 4, 16] {
+            let waits_before = log_waits(admin.clone()).await;
+            let tag = format!("L{concurrency}");
+            let conns: Arc<Vec<tokio::sync::Mutex<MySqlConnection>>> = {
+                let mut v = Vec::new();
+                for _ in 0..concurrency {
+                    let mut c = MySqlConnection::connect(&db.admin_receiver_url()).await.unwrap();
+                    c.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED").await.unwrap();
+                    v.push(tokio::sync::Mutex::new(c));
+                }
+                Arc::new(v)
+            };
+            let bare = {
+                let (conns, tag) = (conns.clone(), tag.clone());
+                measure(large_ops, concurrency, move |i| {
+                    let (conns, tag) = (conns.clone(), tag.clone());
+                    async move {
+                        let mut conn = conns[i % conns.len()].lock().await;
+                        conn.execute("BEGIN").await.unwrap();
+                        sqlx::query("INSERT INTO bench_baseline VALUES ('task-result-view', 'inbox-demo', ?)")
+                            .bind(format!("base-{tag}-{i}"))
+                            .execute(&mut *conn)
+                            .await
+                            .unwrap();
+                        conn.execute("COMMIT").await.unwrap();
+                    }
+                })
+                .await
+            };
+            let floor_events: Arc<Vec<TaskEvent>> = Arc::new(
+                (0..large_ops).map(|i| large_event(&format!("fl-{tag}-{i}"), &format!("fl-{tag}-{i}"), 5, 64)).collect(),
+            );
+            let floor = {
+                let (conns, evs) = (conns.clone(), floor_events.clone());
+                measure(large_ops, concurrency, move |i| {
+                    let (conns, evs) = (conns.clone(), evs.clone());
+                    async move {
+                        let e = &evs[i];
+                        let mut conn = conns[i % conns.len()].lock().await;
+                        conn.execute("BEGIN").await.unwrap();
+                        sqlx::query(FLOOR_INBOX)
+                            .bind(e.id().as_str().as_bytes())
+                            .bind(&e.digest().0[..])
+                            .bind(e.canonical())
+                            .execute(&mut *conn)
+                            .await
+                            .unwrap();
+                        sqlx::query(FLOOR_VIEW)
+                            .bind(e.task().as_str().as_bytes())
+                            .bind(e.version())
+                            .bind(e.id().as_str().as_bytes())
+                            .bind(e.state().as_str().as_bytes())
+                            .bind(e.result())
+                            .execute(&mut *conn)
+                            .await
+                            .unwrap();
+                        conn.execute("COMMIT").await.unwrap();
+                    }
+                })
+                .await
+            };
+            let events: Arc<Vec<TaskEvent>> = Arc::new(
+                (0..large_ops).map(|i| large_event(&format!("tl-{tag}-{i}"), &format!("el-{tag}-{i}"), 5, 64)).collect(),
+            );
+            let first = {
+                let (store, evs) = (store.clone(), events.clone());
+                measure(large_ops, concurrency, move |i| {
+                    let (store, evs) = (store.clone(), evs.clone());
+                    async move {
+                        assert_eq!(apply_retrying(&store, &evs[i]).await.0, Outcome::Applied);
+                    }
+                })
+                .await
+            };
+            for (name, st) in [("(a) bare commit", &bare), ("(b) two rows", &floor), ("first receipt", &first)] {
+                println!(
+                    "  {name:<15} {concurrency:>4} {:>9.0} {:>8} {:>8}   {:>5.2}   {:>5.2}",
+                    st.per_second,
+                    st.p50.as_micros(),
+                    st.p99.as_micros(),
+                    st.per_second / bare.per_second,
+                    st.per_second / floor.per_second
+                );
+            }
+            println!(
+                "  (Innodb_log_waits during c{concurrency}: {}; event size {} bytes)",
+                log_waits(admin.clone()).await - waits_before,
+                events[0].canonical().len()
+            );
         }
         store.close().await;
         admin.close().await;
