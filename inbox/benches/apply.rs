@@ -47,6 +47,43 @@ struct Stats {
     per_second: f64,
     p50: Duration,
     p99: Duration,
+    /// Statements the server counted per operation (`Questions`: COM_QUERY and prepared
+    /// executes; never COM_PING, which no counter shows).
+    statements: f64,
+    /// `Innodb_data_fsyncs` per operation.
+    fsyncs: f64,
+}
+
+/// The server's statement and fsync counters.
+async fn server_counters(admin: &MySqlPool) -> (f64, f64) {
+    let rows = sqlx::query(
+        "SHOW GLOBAL STATUS WHERE Variable_name IN ('Questions', 'Innodb_data_fsyncs')",
+    )
+    .fetch_all(admin)
+    .await
+    .unwrap();
+    let get = |name: &str| -> f64 {
+        rows.iter()
+            .find(|r| r.try_get::<String, _>(0).unwrap() == name)
+            .and_then(|r| r.try_get::<String, _>(1).ok()?.parse().ok())
+            .unwrap_or(0.0)
+    };
+    (get("Questions"), get("Innodb_data_fsyncs"))
+}
+
+/// Runs `phase` and fills in its per-operation server counters (the bench is the server's only
+/// client; the two counter reads themselves add 2 statements, spread over `ops`).
+async fn counted(
+    admin: &MySqlPool,
+    ops: usize,
+    phase: impl std::future::Future<Output = Stats>,
+) -> Stats {
+    let (q0, f0) = server_counters(admin).await;
+    let mut stats = phase.await;
+    let (q1, f1) = server_counters(admin).await;
+    stats.statements = (q1 - q0 - 1.0) / ops as f64;
+    stats.fsyncs = (f1 - f0) / ops as f64;
+    stats
 }
 
 /// Runs `ops` operations over `concurrency` workers; `op(i)` is the i-th operation.
@@ -83,6 +120,8 @@ where
         per_second: ops as f64 / elapsed.as_secs_f64(),
         p50: pct(0.50),
         p99: pct(0.99),
+        statements: 0.0,
+        fsyncs: 0.0,
     }
 }
 
@@ -146,7 +185,7 @@ fn main() {
             .await
             .unwrap(),
         );
-        println!("  path            conc  events/s   p50 µs   p99 µs     ÷ (a)   ÷ (b)");
+        println!("  path            conc  events/s   p50 µs   p99 µs     ÷ (a)   ÷ (b)   stmts  fsyncs (per op, server counters)");
         let mut at1 = None;
         let mut at16 = None;
         for concurrency in [1usize, 4, 16] {
@@ -162,7 +201,7 @@ fn main() {
                 }
                 Arc::new(v)
             };
-            let baseline = {
+            let baseline = counted(&admin, ops, async {
                 let (conns, tag) = (conns.clone(), tag.clone());
                 measure(ops, concurrency, move |i| {
                     let (conns, tag) = (conns.clone(), tag.clone());
@@ -178,11 +217,12 @@ fn main() {
                     }
                 })
                 .await
-            };
+            })
+            .await;
             let floor_events: Arc<Vec<TaskEvent>> = Arc::new(
                 (0..ops).map(|i| event(&format!("f-{tag}-{i}"), &format!("f-{tag}-{i}"), 5)).collect(),
             );
-            let floor = {
+            let floor = counted(&admin, ops, async {
                 let (conns, evs) = (conns.clone(), floor_events.clone());
                 measure(ops, concurrency, move |i| {
                     let (conns, evs) = (conns.clone(), evs.clone());
@@ -210,11 +250,12 @@ fn main() {
                     }
                 })
                 .await
-            };
+            })
+            .await;
             let first_events: Arc<Vec<TaskEvent>> = Arc::new(
                 (0..ops).map(|i| event(&format!("t-{tag}-{i}"), &format!("e-{tag}-{i}"), 5)).collect(),
             );
-            let first = {
+            let first = counted(&admin, ops, async {
                 let (store, evs) = (store.clone(), first_events.clone());
                 measure(ops, concurrency, move |i| {
                     let (store, evs) = (store.clone(), evs.clone());
@@ -223,11 +264,12 @@ fn main() {
                     }
                 })
                 .await
-            };
+            })
+            .await;
             let higher_events: Arc<Vec<TaskEvent>> = Arc::new(
                 (0..ops).map(|i| event(&format!("t-{tag}-{i}"), &format!("h-{tag}-{i}"), 6)).collect(),
             );
-            let existing = {
+            let existing = counted(&admin, ops, async {
                 let (store, evs) = (store.clone(), higher_events.clone());
                 measure(ops, concurrency, move |i| {
                     let (store, evs) = (store.clone(), evs.clone());
@@ -236,8 +278,9 @@ fn main() {
                     }
                 })
                 .await
-            };
-            let duplicate = {
+            })
+            .await;
+            let duplicate = counted(&admin, ops, async {
                 let (store, evs) = (store.clone(), first_events.clone());
                 measure(ops, concurrency, move |i| {
                     let (store, evs) = (store.clone(), evs.clone());
@@ -246,11 +289,12 @@ fn main() {
                     }
                 })
                 .await
-            };
+            })
+            .await;
             let stale_events: Arc<Vec<TaskEvent>> = Arc::new(
                 (0..ops).map(|i| event(&format!("t-{tag}-{i}"), &format!("s-{tag}-{i}"), 2)).collect(),
             );
-            let stale = {
+            let stale = counted(&admin, ops, async {
                 let (store, evs) = (store.clone(), stale_events.clone());
                 measure(ops, concurrency, move |i| {
                     let (store, evs) = (store.clone(), evs.clone());
@@ -259,7 +303,8 @@ fn main() {
                     }
                 })
                 .await
-            };
+            })
+            .await;
             for (name, s) in [
                 ("(a) bare commit", &baseline),
                 ("(b) two rows", &floor),
@@ -269,12 +314,14 @@ fn main() {
                 ("stale", &stale),
             ] {
                 println!(
-                    "  {name:<15} {concurrency:>4} {:>9.0} {:>8} {:>8}   {:>5.2}   {:>5.2}",
+                    "  {name:<15} {concurrency:>4} {:>9.0} {:>8} {:>8}   {:>5.2}   {:>5.2}   {:>5.1}   {:>5.2}",
                     s.per_second,
                     s.p50.as_micros(),
                     s.p99.as_micros(),
                     s.per_second / baseline.per_second,
-                    s.per_second / floor.per_second
+                    s.per_second / floor.per_second,
+                    s.statements,
+                    s.fsyncs
                 );
             }
             if concurrency == 1 {
