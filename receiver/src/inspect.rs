@@ -125,7 +125,8 @@ pub async fn read(
             .fetch_all(&mut conn)
             .await
             .map_err(fail)?,
-        // The inbox has no task column: the canonical form spells the member exactly so.
+        // The inbox has no task column: the canonical form spells the member exactly so, which
+        // narrows the rows; the parsed envelope then decides (below).
         Target::Task(t) => {
             let needle = format!("\"task_id\":{}", serde_json::Value::from(t.as_str()));
             sqlx::query(&format!(
@@ -144,6 +145,13 @@ pub async fn read(
         let canonical: Vec<u8> = r.try_get(4).map_err(fail)?;
         let digest: Vec<u8> = r.try_get(1).map_err(fail)?;
         let event = TaskEvent::parse(&canonical, queue).ok();
+        // The text search above also finds a `"task_id":…` inside another task's result:
+        // only the envelope's own field decides.
+        if let Target::Task(t) = target {
+            if event.as_ref().map(|e| e.task().as_str()) != Some(t.as_str()) {
+                continue;
+            }
+        }
         inbox.push(InboxRow {
             event_id: text(r, 0).map_err(fail)?,
             digest: digest.iter().map(|b| format!("{b:02x}")).collect(),

@@ -315,3 +315,36 @@ async fn inspect_shows_an_expired_delivery_and_survives_the_platform_going_down(
         .join("\n");
     insta::assert_snapshot!(format!("## expired\n{expired}\n## platform down\n{down}\n"));
 }
+
+/// A task id spelled inside another task's result does not put that event into the task's
+/// report: only the envelope's `task_id` counts (issue 16, item 1).
+#[tokio::test]
+async fn inspect_by_task_lists_only_that_task_s_own_events() {
+    let rdb = ReceiverDb::new().await;
+    let store = rdb.store().await;
+    let env = vec![
+        ("ORBIT_RECEIVER_DSN", rdb.db.runtime_url()),
+        ("ORBIT_QUEUE_ID", QUEUE.to_owned()),
+    ];
+    let own = EventSpec::cancelled("evt-own", "task-b", 2);
+    let intruder = EventSpec::succeeded(
+        "evt-intruder",
+        "task-a",
+        3,
+        r#"{"task_id":"task-b","note":"spelled inside a result"}"#,
+    );
+    for e in [&own, &intruder] {
+        assert_eq!(store.apply(&e.event()).await.unwrap(), Outcome::Applied);
+    }
+    for args in [
+        &["inspect", "--task-id", "task-b"][..],
+        &["inspect", "--task-id", "task-b", "--json"][..],
+    ] {
+        let out = receiver(args, &env, None);
+        let stdout = text(&out.stdout);
+        assert!(stdout.contains("evt-own"), "{stdout}");
+        assert!(!stdout.contains("evt-intruder"), "{args:?}: {stdout}");
+    }
+    let out = receiver(&["inspect", "--task-id", "task-a"], &env, None);
+    assert!(text(&out.stdout).contains("evt-intruder"));
+}
