@@ -56,7 +56,14 @@ fn parse(args: &[String]) -> Result<Args, String> {
 }
 
 fn main() -> ExitCode {
-    let argv: Vec<String> = std::env::args().skip(1).collect();
+    let Some(argv) = std::env::args_os()
+        .skip(1)
+        .map(|a| a.into_string().ok())
+        .collect::<Option<Vec<String>>>()
+    else {
+        eprintln!("commit-proxy: an argument is not valid UTF-8");
+        return ExitCode::from(2);
+    };
     if argv.iter().any(|a| a == "--help" || a == "-h") {
         println!("{USAGE}");
         return ExitCode::SUCCESS;

@@ -96,7 +96,17 @@ environment:
   RECEIVER_NAME, RECEIVER_LOG_FORMAT   as for demo";
 
 pub fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
+    let args: Vec<String> = match std::env::args_os()
+        .skip(1)
+        .map(std::ffi::OsString::into_string)
+        .collect::<Result<_, _>>()
+    {
+        Ok(args) => args,
+        Err(_) => {
+            eprintln!("receiver: an argument is not valid UTF-8");
+            return ExitCode::from(2);
+        }
+    };
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     match args.as_slice() {
         ["init"] => init(),

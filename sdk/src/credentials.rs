@@ -133,22 +133,20 @@ impl Credentials {
         )
     }
 
-    /// Writes the file with mode 0600 (creating its directory with mode 0700).
-    pub fn write(&self, path: &Path) -> std::io::Result<()> {
+    /// Writes the file with mode 0600 into an existing directory; an existing file is an
+    /// `AlreadyExists` error unless `replace`.
+    pub fn write(&self, path: &Path, replace: bool) -> std::io::Result<()> {
         use std::io::Write;
-        use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::DirBuilder::new()
-                .recursive(true)
-                .mode(0o700)
-                .create(dir)?;
+        use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+        // No directory is created, and an existing file is kept unless `replace`.
+        let mut options = std::fs::OpenOptions::new();
+        options.write(true).mode(0o600);
+        if replace {
+            options.create(true).truncate(true);
+        } else {
+            options.create_new(true);
         }
-        let mut file = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(path)?;
+        let mut file = options.open(path)?;
         // An existing file keeps its old mode through open(): set it.
         file.set_permissions(std::fs::Permissions::from_mode(0o600))?;
         let mut text = serde_json::to_vec_pretty(self).map_err(std::io::Error::other)?;
@@ -212,7 +210,7 @@ mod tests {
         use std::os::unix::fs::PermissionsExt;
         let dir = std::env::temp_dir().join(format!("orbit-sdk-creds-{}", std::process::id()));
         let path = dir.join("sub/inbox.credentials.json");
-        sample().write(&path).unwrap();
+        sample().write(&path, false).unwrap();
         let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o600);
         assert_eq!(Credentials::load(&path).unwrap(), sample());

@@ -369,6 +369,15 @@ pub fn bootstrap(
     event_access: bool,
     output: &std::path::Path,
 ) -> Result<String, String> {
+    // bootstrap creates no directory: make the output's, private, as a user would.
+    if let Some(dir) = output.parent() {
+        use std::os::unix::fs::DirBuilderExt;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    }
     let mut cmd = std::process::Command::new(workspace_bin("orbit-dev"));
     cmd.args([
         "bootstrap",

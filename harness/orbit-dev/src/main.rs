@@ -21,7 +21,7 @@ use tokio::sync::Notify;
 
 const USAGE: &str = "usage:
   orbit-dev serve [--listen 127.0.0.1:8080] [--lease-seconds 30] [--max-attempts 5] [--window 64] [--enable-fault-api]
-  orbit-dev bootstrap --application NAME --namespace NAME --environment NAME --queue ID [--event-access] --output PATH
+  orbit-dev bootstrap --application NAME --namespace NAME --environment NAME --queue ID [--event-access] --output PATH [--force]
 
 environment:
   ORBIT_MYSQL_DSN  the platform's own database, e.g. mysql://orbit:…@127.0.0.1:3306/orbit_test
@@ -33,10 +33,21 @@ serve: prints `listening=HOST:PORT` on stdout once it accepts connections. Lease
   close-stream-after-delivery); without it the endpoint does not exist.
 bootstrap: creates the namespace and queue if missing and a new credential bound to the queue
   with tasks:submit and tasks:cancel (plus events:read, events:consume, events:manage with
-  --event-access); writes it to PATH with mode 0600 and prints where, never the token.";
+  --event-access); writes it to PATH with mode 0600 and prints where, never the token. PATH's
+  directory must exist; an existing PATH is refused unless --force.";
 
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
+    // Arguments and the DSN must be UTF-8; say which one is not, never panic.
+    let mut args = Vec::new();
+    for (i, a) in std::env::args_os().skip(1).enumerate() {
+        match a.into_string() {
+            Ok(a) => args.push(a),
+            Err(_) => {
+                eprintln!("orbit-dev: argument {} is not valid UTF-8", i + 1);
+                return ExitCode::from(2);
+            }
+        }
+    }
     if args.is_empty() || args.iter().any(|a| a == "--help" || a == "-h") {
         println!("{USAGE}");
         return if args.is_empty() {
@@ -46,9 +57,14 @@ fn main() -> ExitCode {
         };
     }
     #[allow(clippy::disallowed_methods)] // the binary's one environment read
-    let dsn = std::env::var("ORBIT_MYSQL_DSN")
-        .ok()
-        .filter(|v| !v.is_empty());
+    let dsn = match std::env::var_os("ORBIT_MYSQL_DSN").map(|v| v.into_string()) {
+        None => None,
+        Some(Ok(v)) => Some(v).filter(|v| !v.is_empty()),
+        Some(Err(_)) => {
+            eprintln!("orbit-dev: ORBIT_MYSQL_DSN is not valid UTF-8");
+            return ExitCode::from(2);
+        }
+    };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -170,12 +186,14 @@ struct BootstrapOptions {
     queue: String,
     event_access: bool,
     output: String,
+    force: bool,
 }
 
 fn parse_bootstrap(args: &[String]) -> Result<BootstrapOptions, Failure> {
     let (mut application, mut namespace, mut environment, mut queue, mut output) =
         (None, None, None, None, None);
     let mut event_access = false;
+    let mut force = false;
     let mut it = args.iter();
     while let Some(flag) = it.next() {
         let mut value = || {
@@ -191,6 +209,7 @@ fn parse_bootstrap(args: &[String]) -> Result<BootstrapOptions, Failure> {
             "--queue" => queue = Some(value()?),
             "--output" => output = Some(value()?),
             "--event-access" => event_access = true,
+            "--force" => force = true,
             other => return Err(usage(&format!("unknown argument `{other}`"))),
         }
     }
@@ -209,10 +228,34 @@ fn parse_bootstrap(args: &[String]) -> Result<BootstrapOptions, Failure> {
         queue,
         event_access,
         output: need(output, "--output")?,
+        force,
     })
 }
 
+/// Before anything is created on the platform: the file must not exist (unless `--force`), and
+/// its directory must (bootstrap creates no directory the user did not ask for).
+fn check_output(o: &BootstrapOptions) -> Result<(), Failure> {
+    let path = std::path::Path::new(&o.output);
+    if path.exists() && !o.force {
+        return Err(usage(&format!(
+            "{} exists: refusing to overwrite a credentials file (its token stays valid on the platform); pass --force to replace it",
+            o.output
+        )));
+    }
+    if path.is_dir() {
+        return Err(usage(&format!("{} is a directory, not a file", o.output)));
+    }
+    match path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        Some(dir) if !dir.is_dir() => Err(usage(&format!(
+            "the directory of {} does not exist: create it first (mode 0700)",
+            o.output
+        ))),
+        _ => Ok(()),
+    }
+}
+
 async fn bootstrap(o: BootstrapOptions, dsn: String) -> Result<(), Failure> {
+    check_output(&o)?;
     let pool = db::open(&dsn).await.map_err(|e| (1, e))?;
     let fail = |e: sqlx::Error| (1, format!("bootstrap failed: {e}"));
     sqlx::query("INSERT IGNORE INTO orbit_namespaces (name, application, environment, created_at) VALUES (?, ?, ?, UTC_TIMESTAMP(6))")
@@ -250,7 +293,7 @@ async fn bootstrap(o: BootstrapOptions, dsn: String) -> Result<(), Failure> {
         scopes: scopes.iter().map(|s| (*s).to_owned()).collect(),
     };
     creds
-        .write(std::path::Path::new(&o.output))
+        .write(std::path::Path::new(&o.output), o.force)
         .map_err(|e| (1, format!("cannot write {}: {e}", o.output)))?;
     println!(
         "credentials written to {} (mode 0600; queue {}; scopes {})",

@@ -59,6 +59,8 @@ fn run(local: &Path) -> Result<(), String> {
         .map_err(|e| format!("databases and accounts: {e}"))?;
 
     let credentials = local.join("inbox.credentials.json");
+    // A previous run's file names a platform that is gone with its throwaway server.
+    let _ = std::fs::remove_file(&credentials);
     let printed = conformance::bootstrap(&db.platform_url(), "inbox-demo", true, &credentials)?;
     eprint!("make demo: {printed}");
 

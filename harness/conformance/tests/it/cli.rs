@@ -168,6 +168,7 @@ fn every_configuration_error_is_one_line_naming_the_variable() {
     let dir = std::env::temp_dir().join(format!("receiver-config-{}", std::process::id()));
     let good = dir.join("good.json");
     let open = dir.join("open.json");
+    std::fs::create_dir_all(&dir).unwrap();
     for path in [&good, &open] {
         orbit_sdk::Credentials {
             token: orbit_sdk::Token::new("orb_token_never_shown"),
@@ -177,7 +178,7 @@ fn every_configuration_error_is_one_line_naming_the_variable() {
             queue_id: "inbox-demo".into(),
             scopes: vec![],
         }
-        .write(path)
+        .write(path, true)
         .unwrap();
     }
     std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o644)).unwrap();

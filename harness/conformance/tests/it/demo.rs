@@ -210,6 +210,7 @@ fn the_demo_with_the_platform_down_fails_clearly_within_twenty_seconds() {
     drop(closed);
     let dir = std::env::temp_dir().join(format!("demo-down-{}", std::process::id()));
     let creds = dir.join("c.json");
+    std::fs::create_dir_all(&dir).unwrap();
     orbit_sdk::Credentials {
         token: orbit_sdk::Token::new("orb_recognisable_token_1234"),
         application: "a".into(),
@@ -218,7 +219,7 @@ fn the_demo_with_the_platform_down_fails_clearly_within_twenty_seconds() {
         queue_id: QUEUE.into(),
         scopes: vec![],
     }
-    .write(&creds)
+    .write(&creds, true)
     .unwrap();
     let rt = tokio::runtime::Runtime::new().unwrap();
     let rdb = rt.block_on(conformance::ReceiverDb::new());

@@ -315,6 +315,61 @@ async fn limits_scopes_queues_and_tokens() {
         "bootstrap never prints the token: {printed}"
     );
     let other = orbit_sdk::Credentials::load(&task_only).unwrap();
+    // A second bootstrap to the same file refuses and keeps it (the old token stays valid on
+    // the platform, and would be lost); --force replaces it; a missing directory is refused.
+    let again = conformance::bootstrap(&orbit.db.platform_url(), "other-queue", false, &task_only)
+        .unwrap_err();
+    assert!(again.contains("exists: refusing to overwrite"), "{again}");
+    assert_eq!(
+        orbit_sdk::Credentials::load(&task_only)
+            .unwrap()
+            .token
+            .expose(),
+        other.token.expose()
+    );
+    let mut force = std::process::Command::new(conformance::workspace_bin("orbit-dev"));
+    let forced = force
+        .args(["bootstrap", "--application", "a", "--namespace", "default"])
+        .args(["--environment", "development", "--queue", "other-queue"])
+        .arg("--output")
+        .arg(&task_only)
+        .arg("--force")
+        .env("ORBIT_MYSQL_DSN", orbit.db.platform_url())
+        .output()
+        .unwrap();
+    assert!(forced.status.success(), "{forced:?}");
+    assert_ne!(
+        orbit_sdk::Credentials::load(&task_only)
+            .unwrap()
+            .token
+            .expose(),
+        other.token.expose()
+    );
+    let nowhere = task_only.with_file_name("no-such-dir").join("c.json");
+    let mut cmd = std::process::Command::new(conformance::workspace_bin("orbit-dev"));
+    let refused = cmd
+        .args(["bootstrap", "--application", "a", "--namespace", "default"])
+        .args(["--environment", "development", "--queue", "q", "--output"])
+        .arg(&nowhere)
+        .env("ORBIT_MYSQL_DSN", orbit.db.platform_url())
+        .output()
+        .unwrap();
+    assert_eq!(refused.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("does not exist"));
+    assert!(
+        !nowhere.parent().unwrap().exists(),
+        "no directory was created"
+    );
+    // A non-UTF-8 argument is one line and exit 2, not a panic.
+    let mut cmd = std::process::Command::new(conformance::workspace_bin("orbit-dev"));
+    let bad = cmd
+        .args(["bootstrap", "--queue"])
+        .arg(<std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(b"q\xff"))
+        .output()
+        .unwrap();
+    assert_eq!(bad.status.code(), Some(2), "{bad:?}");
+    let stderr = String::from_utf8_lossy(&bad.stderr);
+    assert_eq!(stderr.trim(), "orbit-dev: argument 3 is not valid UTF-8");
     let (status, body) = http_raw(
         &orbit.addr,
         "POST",
