@@ -210,7 +210,13 @@ mod tests {
         use std::os::unix::fs::PermissionsExt;
         let dir = std::env::temp_dir().join(format!("orbit-sdk-creds-{}", std::process::id()));
         let path = dir.join("sub/inbox.credentials.json");
+        // No directory is created for the file, and an existing file is kept.
+        let missing = sample().write(&path, false).unwrap_err();
+        assert_eq!(missing.kind(), std::io::ErrorKind::NotFound);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
         sample().write(&path, false).unwrap();
+        let exists = sample().write(&path, false).unwrap_err();
+        assert_eq!(exists.kind(), std::io::ErrorKind::AlreadyExists);
         let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o600);
         assert_eq!(Credentials::load(&path).unwrap(), sample());
