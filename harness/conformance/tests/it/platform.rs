@@ -665,3 +665,49 @@ fn raw_post(addr: &str, path: &str, token: &str, body: &str) -> String {
     s.read_to_string(&mut reply).unwrap();
     reply
 }
+
+/// The contract's edges (issue 16, item 6): a list limit outside 1..=10000 is refused, not
+/// silently clamped, and a binary frame closes the stream instead of being ignored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_out_of_range_limit_is_refused_and_a_binary_frame_closes_the_stream() {
+    let (orbit, _client, sub) = subscribed(&[]).await;
+    let token = orbit.credentials().token.expose().to_owned();
+    for limit in ["0", "10001"] {
+        let (status, body) = http_raw(
+            &orbit.addr,
+            "GET",
+            &format!("/v1/subscriptions/{}/deliveries?limit={limit}", sub.id),
+            Some(&token),
+            None,
+        );
+        assert_eq!(status, 422, "limit={limit}: {body}");
+        assert!(body.contains("limit must be between 1 and 10000"), "{body}");
+    }
+    let (status, _) = http_raw(
+        &orbit.addr,
+        "GET",
+        &format!("/v1/subscriptions/{}/deliveries?limit=10000", sub.id),
+        Some(&token),
+        None,
+    );
+    assert_eq!(status, 200);
+
+    let mut ws = raw_stream(&orbit, &sub.id).await;
+    ws.send(Message::Binary(vec![1, 2, 3].into()))
+        .await
+        .unwrap();
+    let closed = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            match ws.next().await {
+                None | Some(Err(_)) | Some(Ok(Message::Close(_))) => return true,
+                Some(Ok(_)) => continue,
+            }
+        }
+    })
+    .await;
+    assert_eq!(
+        closed,
+        Ok(true),
+        "the stream stayed open after a binary frame"
+    );
+}

@@ -35,6 +35,10 @@ pub(super) async fn list_deliveries(
             ));
         }
     }
+    let limit = q.limit.unwrap_or(1000);
+    if !(1..=10_000).contains(&limit) {
+        return Err(ApiError::invalid("limit must be between 1 and 10000"));
+    }
     let rows = sqlx::query(&format!(
         "SELECT {} FROM orbit_deliveries WHERE subscription_id = ? \
          AND (? IS NULL OR state = ?) AND (? IS NULL OR task_id = ?) ORDER BY seq LIMIT ?",
@@ -45,7 +49,7 @@ pub(super) async fn list_deliveries(
     .bind(&q.state)
     .bind(&q.task_id)
     .bind(&q.task_id)
-    .bind(q.limit.unwrap_or(1000).min(10_000))
+    .bind(limit)
     .fetch_all(&p.pool)
     .await?;
     Ok(Json(

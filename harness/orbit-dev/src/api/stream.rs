@@ -276,6 +276,11 @@ async fn serve_stream(p: Shared, sub: String, mut socket: WebSocket) {
                 let text = match msg {
                     Some(Ok(Message::Text(t))) => t,
                     Some(Ok(Message::Close(_))) | None | Some(Err(_)) => return,
+                    // The protocol is text frames only: close rather than guess.
+                    Some(Ok(Message::Binary(_))) => {
+                        let _ = socket.close().await;
+                        return;
+                    }
                     Some(Ok(_)) => continue,
                 };
                 match serde_json::from_str::<ClientMessage>(text.as_str()) {
