@@ -136,6 +136,77 @@ async fn apply_retrying(store: &Store, e: &TaskEvent) -> (Outcome, u32) {
     }
 }
 
+type Conns = Arc<Vec<tokio::sync::Mutex<MySqlConnection>>>;
+
+/// One connection per worker, READ COMMITTED, no pool and so no ping: the baselines' setup.
+async fn dedicated(url: &str, n: usize) -> Conns {
+    let mut v = Vec::new();
+    for _ in 0..n {
+        let mut c = MySqlConnection::connect(url).await.unwrap();
+        c.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+            .await
+            .unwrap();
+        v.push(tokio::sync::Mutex::new(c));
+    }
+    Arc::new(v)
+}
+
+/// Baseline (a): `BEGIN`, one row, `COMMIT`.
+async fn bare_commits(conns: &Conns, tag: &str, ops: usize, concurrency: usize) -> Stats {
+    let (conns, tag) = (conns.clone(), tag.to_owned());
+    measure(ops, concurrency, move |i| {
+        let (conns, tag) = (conns.clone(), tag.clone());
+        async move {
+            let mut conn = conns[i % conns.len()].lock().await;
+            conn.execute("BEGIN").await.unwrap();
+            sqlx::query("INSERT INTO bench_baseline VALUES ('task-result-view', 'inbox-demo', ?)")
+                .bind(format!("base-{tag}-{i}"))
+                .execute(&mut *conn)
+                .await
+                .unwrap();
+            conn.execute("COMMIT").await.unwrap();
+        }
+    })
+    .await
+}
+
+/// Baseline (b): `BEGIN`, the inbox row and the view row of `events[i]` with final values,
+/// `COMMIT`, into copies of the receiver's tables.
+async fn two_rows(
+    conns: &Conns,
+    events: &Arc<Vec<TaskEvent>>,
+    ops: usize,
+    concurrency: usize,
+) -> Stats {
+    let (conns, evs) = (conns.clone(), events.clone());
+    measure(ops, concurrency, move |i| {
+        let (conns, evs) = (conns.clone(), evs.clone());
+        async move {
+            let e = &evs[i];
+            let mut conn = conns[i % conns.len()].lock().await;
+            conn.execute("BEGIN").await.unwrap();
+            sqlx::query(FLOOR_INBOX)
+                .bind(e.id().as_str().as_bytes())
+                .bind(&e.digest().0[..])
+                .bind(e.canonical())
+                .execute(&mut *conn)
+                .await
+                .unwrap();
+            sqlx::query(FLOOR_VIEW)
+                .bind(e.task().as_str().as_bytes())
+                .bind(e.version())
+                .bind(e.id().as_str().as_bytes())
+                .bind(e.state().as_str().as_bytes())
+                .bind(e.result())
+                .execute(&mut *conn)
+                .await
+                .unwrap();
+            conn.execute("COMMIT").await.unwrap();
+        }
+    })
+    .await
+}
+
 fn main() {
     #[allow(clippy::disallowed_methods)] // a bench knob, not receiver configuration
     let ops: usize = std::env::var("APPLY_BENCH_EVENTS")
@@ -192,64 +263,16 @@ fn main() {
             let tag = format!("c{concurrency}");
             // (a) the bare commit and (b) the two-row floor, each worker on a connection of
             // its own (no pool, no ping), as the store's own connections are.
-            let conns: Arc<Vec<tokio::sync::Mutex<MySqlConnection>>> = {
-                let mut v = Vec::new();
-                for _ in 0..concurrency {
-                    let mut c = MySqlConnection::connect(&db.admin_receiver_url()).await.unwrap();
-                    c.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED").await.unwrap();
-                    v.push(tokio::sync::Mutex::new(c));
-                }
-                Arc::new(v)
-            };
+            let conns = dedicated(&db.admin_receiver_url(), concurrency).await;
             let baseline = counted(&admin, ops, async {
-                let (conns, tag) = (conns.clone(), tag.clone());
-                measure(ops, concurrency, move |i| {
-                    let (conns, tag) = (conns.clone(), tag.clone());
-                    async move {
-                        let mut conn = conns[i % conns.len()].lock().await;
-                        conn.execute("BEGIN").await.unwrap();
-                        sqlx::query("INSERT INTO bench_baseline VALUES ('task-result-view', 'inbox-demo', ?)")
-                            .bind(format!("base-{tag}-{i}"))
-                            .execute(&mut *conn)
-                            .await
-                            .unwrap();
-                        conn.execute("COMMIT").await.unwrap();
-                    }
-                })
-                .await
+                bare_commits(&conns, &tag, ops, concurrency).await
             })
             .await;
             let floor_events: Arc<Vec<TaskEvent>> = Arc::new(
                 (0..ops).map(|i| event(&format!("f-{tag}-{i}"), &format!("f-{tag}-{i}"), 5)).collect(),
             );
             let floor = counted(&admin, ops, async {
-                let (conns, evs) = (conns.clone(), floor_events.clone());
-                measure(ops, concurrency, move |i| {
-                    let (conns, evs) = (conns.clone(), evs.clone());
-                    async move {
-                        let e = &evs[i];
-                        let mut conn = conns[i % conns.len()].lock().await;
-                        conn.execute("BEGIN").await.unwrap();
-                        sqlx::query(FLOOR_INBOX)
-                            .bind(e.id().as_str().as_bytes())
-                            .bind(&e.digest().0[..])
-                            .bind(e.canonical())
-                            .execute(&mut *conn)
-                            .await
-                            .unwrap();
-                        sqlx::query(FLOOR_VIEW)
-                            .bind(e.task().as_str().as_bytes())
-                            .bind(e.version())
-                            .bind(e.id().as_str().as_bytes())
-                            .bind(e.state().as_str().as_bytes())
-                            .bind(e.result())
-                            .execute(&mut *conn)
-                            .await
-                            .unwrap();
-                        conn.execute("COMMIT").await.unwrap();
-                    }
-                })
-                .await
+                two_rows(&conns, &floor_events, ops, concurrency).await
             })
             .await;
             let first_events: Arc<Vec<TaskEvent>> = Arc::new(
@@ -401,63 +424,13 @@ fn main() {
         for concurrency in [1usize, 4, 16] {
             let waits_before = log_waits(admin.clone()).await;
             let tag = format!("L{concurrency}");
-            let conns: Arc<Vec<tokio::sync::Mutex<MySqlConnection>>> = {
-                let mut v = Vec::new();
-                for _ in 0..concurrency {
-                    let mut c = MySqlConnection::connect(&db.admin_receiver_url()).await.unwrap();
-                    c.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED").await.unwrap();
-                    v.push(tokio::sync::Mutex::new(c));
-                }
-                Arc::new(v)
-            };
-            let bare = {
-                let (conns, tag) = (conns.clone(), tag.clone());
-                measure(large_ops, concurrency, move |i| {
-                    let (conns, tag) = (conns.clone(), tag.clone());
-                    async move {
-                        let mut conn = conns[i % conns.len()].lock().await;
-                        conn.execute("BEGIN").await.unwrap();
-                        sqlx::query("INSERT INTO bench_baseline VALUES ('task-result-view', 'inbox-demo', ?)")
-                            .bind(format!("base-{tag}-{i}"))
-                            .execute(&mut *conn)
-                            .await
-                            .unwrap();
-                        conn.execute("COMMIT").await.unwrap();
-                    }
-                })
-                .await
-            };
+            let conns = dedicated(&db.admin_receiver_url(), concurrency).await;
+            let bare = bare_commits(&conns, &tag, large_ops, concurrency).await;
             let floor_events: Arc<Vec<TaskEvent>> = Arc::new(
                 (0..large_ops).map(|i| large_event(&format!("fl-{tag}-{i}"), &format!("fl-{tag}-{i}"), 5, 64)).collect(),
             );
             let floor = {
-                let (conns, evs) = (conns.clone(), floor_events.clone());
-                measure(large_ops, concurrency, move |i| {
-                    let (conns, evs) = (conns.clone(), evs.clone());
-                    async move {
-                        let e = &evs[i];
-                        let mut conn = conns[i % conns.len()].lock().await;
-                        conn.execute("BEGIN").await.unwrap();
-                        sqlx::query(FLOOR_INBOX)
-                            .bind(e.id().as_str().as_bytes())
-                            .bind(&e.digest().0[..])
-                            .bind(e.canonical())
-                            .execute(&mut *conn)
-                            .await
-                            .unwrap();
-                        sqlx::query(FLOOR_VIEW)
-                            .bind(e.task().as_str().as_bytes())
-                            .bind(e.version())
-                            .bind(e.id().as_str().as_bytes())
-                            .bind(e.state().as_str().as_bytes())
-                            .bind(e.result())
-                            .execute(&mut *conn)
-                            .await
-                            .unwrap();
-                        conn.execute("COMMIT").await.unwrap();
-                    }
-                })
-                .await
+                two_rows(&conns, &floor_events, large_ops, concurrency).await
             };
             let events: Arc<Vec<TaskEvent>> = Arc::new(
                 (0..large_ops).map(|i| large_event(&format!("tl-{tag}-{i}"), &format!("el-{tag}-{i}"), 5, 64)).collect(),

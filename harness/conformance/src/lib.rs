@@ -612,3 +612,83 @@ impl Drop for OrbitDev {
         }
     }
 }
+
+/// Submits and cancels a task on [`QUEUE`]: one `task.cancelled` event (version 2). The task id.
+pub async fn cancelled_task(client: &orbit_sdk::Client) -> String {
+    let task = client
+        .submit_task(QUEUE, None)
+        .await
+        .expect("task submitted");
+    client.cancel_task(&task.id).await.expect("task cancelled");
+    task.id
+}
+
+/// Waits until `sub`'s deliveries are all ACKED (and, with `count`, that many).
+pub async fn all_acked(
+    client: &orbit_sdk::Client,
+    sub: &str,
+    count: Option<usize>,
+    within: std::time::Duration,
+) {
+    eventually(within, "every delivery ACKED", || {
+        let (client, sub) = (client.clone(), sub.to_owned());
+        async move {
+            let d = client
+                .list_deliveries(&sub, &Default::default())
+                .await
+                .expect("deliveries listed");
+            count.is_none_or(|n| d.len() == n) && d.iter().all(|d| d.state == "ACKED")
+        }
+    })
+    .await;
+}
+
+/// A receiver whose database lives on a local server of its own (so that a test may stop,
+/// kill or restart it without harming any other test), a platform started with `args`, a
+/// subscription to `types` on [`QUEUE`], and the environment `receiver consume` needs.
+#[derive(Debug)]
+pub struct OwnServerReceiver {
+    pub orbit: OrbitDev,
+    pub client: orbit_sdk::Client,
+    pub sub: orbit_sdk::wire::Subscription,
+    pub env: Vec<(&'static str, String)>,
+    pub receiver_db: Provisioned,
+    /// Declared last: dropped after everything that uses it.
+    pub server: Server,
+}
+
+impl OwnServerReceiver {
+    pub async fn start(args: &[&str], types: &[&str]) -> OwnServerReceiver {
+        let server = Server::local().expect("a local server");
+        let receiver_db = server.provision().await.expect("provisioned");
+        let init = Dsn::parse(&receiver_db.init_url()).expect("testdb makes valid URLs");
+        result_inbox::schema::init(&init)
+            .await
+            .expect("receiver tables created");
+        receiver_db
+            .grant_runtime()
+            .await
+            .expect("runtime grants given");
+        let orbit = OrbitDev::start(args).await;
+        let client = orbit.client();
+        let sub = client
+            .create_subscription(QUEUE, types)
+            .await
+            .expect("subscription created");
+        let mut env: Vec<(&'static str, String)> = orbit
+            .receiver_env()
+            .into_iter()
+            .filter(|(k, _)| *k != "ORBIT_RECEIVER_DSN")
+            .collect();
+        env.push(("ORBIT_RECEIVER_DSN", receiver_db.runtime_url()));
+        env.push(("ORBIT_SUBSCRIPTION_ID", sub.id.clone()));
+        OwnServerReceiver {
+            orbit,
+            client,
+            sub,
+            env,
+            receiver_db,
+            server,
+        }
+    }
+}

@@ -7,18 +7,14 @@ use std::io::Write;
 use std::time::{Duration, Instant};
 
 use conformance::process::{receiver_faults_bin, Consumer, BARRIERS};
-use conformance::{eventually, receiver_bin, subscribed_receiver, OrbitDev, QUEUE};
+use conformance::{
+    all_acked, cancelled_task, eventually, receiver_bin, subscribed_receiver, OrbitDev,
+    OwnServerReceiver, QUEUE,
+};
 use orbit_sdk::wire::DeliveryInfo;
 use orbit_sdk::Client;
 use serde_json::json;
 use sqlx::{Connection, Executor, MySqlConnection};
-
-/// Submits and cancels a task: one `task.cancelled` event (version 2). The task id.
-async fn cancelled_task(client: &Client) -> String {
-    let task = client.submit_task(QUEUE, None).await.unwrap();
-    client.cancel_task(&task.id).await.unwrap();
-    task.id
-}
 
 /// The only delivery of `event_id`.
 async fn only_delivery(orbit: &OrbitDev, sub: &str, event_id: &str) -> DeliveryInfo {
@@ -46,21 +42,6 @@ async fn delivery_reaches(
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-}
-
-/// Waits until the subscription's deliveries are all ACKED (and, with `count`, that many).
-async fn all_acked(client: &Client, sub: &str, count: Option<usize>, within: Duration) {
-    eventually(within, "every delivery ACKED", || {
-        let (client, sub) = (client.clone(), sub.to_owned());
-        async move {
-            let d = client
-                .list_deliveries(&sub, &Default::default())
-                .await
-                .unwrap();
-            count.is_none_or(|n| d.len() == n) && d.iter().all(|d| d.state == "ACKED")
-        }
-    })
-    .await;
 }
 
 /// The lines of `output` that are this event's delivery log lines.
@@ -475,35 +456,28 @@ async fn a_poison_event_expires_in_the_window_and_is_applied_once_after_the_fix_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn database_loss_acks_nothing_and_every_event_is_applied_once_when_it_is_back() {
     // The receiver's database on a server of its own, so that stopping it harms no other test.
-    let server = testdb::Server::local().expect("a local server");
-    let receiver_db = server.provision().await.expect("provisioned");
-    let init = result_inbox::Dsn::parse(&receiver_db.init_url()).unwrap();
-    result_inbox::schema::init(&init).await.unwrap();
-    receiver_db.grant_runtime().await.unwrap();
-
     // A lease longer than the apply's 5 s budget, so that an ACK after a failed apply would
     // still be accepted: the test then sees it.
-    let orbit = OrbitDev::start(&["--lease-seconds", "8", "--max-attempts", "100"]).await;
-    let client = orbit.client();
-    let sub = client
-        .create_subscription(QUEUE, &["task.cancelled"])
-        .await
-        .unwrap();
-    let mut env: Vec<(&str, String)> = orbit
-        .receiver_env()
-        .into_iter()
-        .filter(|(k, _)| *k != "ORBIT_RECEIVER_DSN")
-        .collect();
+    let own = OwnServerReceiver::start(
+        &["--lease-seconds", "8", "--max-attempts", "100"],
+        &["task.cancelled"],
+    )
+    .await;
+    let (server, receiver_db, client, sub, env) = (
+        &own.server,
+        &own.receiver_db,
+        &own.client,
+        &own.sub,
+        &own.env,
+    );
     let dsn = receiver_db.runtime_url();
-    env.push(("ORBIT_RECEIVER_DSN", dsn.clone()));
-    env.push(("ORBIT_SUBSCRIPTION_ID", sub.id.clone()));
-    let mut consumer = Consumer::normal(&env);
+    let mut consumer = Consumer::normal(env);
 
-    let before = cancelled_task(&client).await;
-    all_acked(&client, &sub.id, Some(1), Duration::from_secs(20)).await;
+    let before = cancelled_task(client).await;
+    all_acked(client, &sub.id, Some(1), Duration::from_secs(20)).await;
 
     assert!(server.kill(), "the server was running");
-    let lost = [cancelled_task(&client).await, cancelled_task(&client).await];
+    let lost = [cancelled_task(client).await, cancelled_task(client).await];
     eventually(
         Duration::from_secs(30),
         "storage_error lines for both events",
@@ -550,7 +524,7 @@ async fn database_loss_acks_nothing_and_every_event_is_applied_once_when_it_is_b
     );
 
     server.restart().expect("the server starts again");
-    all_acked(&client, &sub.id, Some(3), Duration::from_secs(40)).await;
+    all_acked(client, &sub.id, Some(3), Duration::from_secs(40)).await;
     let output = consumer.stop().await;
 
     let mut admin = MySqlConnection::connect(&receiver_db.admin_receiver_url())

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use conformance::process::Consumer;
-use conformance::{eventually, http_raw, OrbitDev, QUEUE};
+use conformance::{eventually, http_raw, OwnServerReceiver, QUEUE};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use serde_json::json;
@@ -55,24 +55,19 @@ fn value(samples: &HashMap<String, f64>, key: &str) -> f64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn consume_counts_every_outcome_and_reports_the_database_and_readiness() {
     // The receiver's database on a server of its own: the test kills it.
-    let server = testdb::Server::local().expect("a local server");
-    let receiver_db = server.provision().await.expect("provisioned");
-    let init = result_inbox::Dsn::parse(&receiver_db.init_url()).unwrap();
-    result_inbox::schema::init(&init).await.unwrap();
-    receiver_db.grant_runtime().await.unwrap();
-    let orbit = OrbitDev::start(&["--enable-fault-api", "--lease-seconds", "30"]).await;
-    let client = orbit.client();
-    let sub = client
-        .create_subscription(QUEUE, &["task.cancelled", "task.succeeded"])
-        .await
-        .unwrap();
-    let mut env: Vec<(&str, String)> = orbit
-        .receiver_env()
-        .into_iter()
-        .filter(|(k, _)| *k != "ORBIT_RECEIVER_DSN")
-        .collect();
-    env.push(("ORBIT_RECEIVER_DSN", receiver_db.runtime_url()));
-    env.push(("ORBIT_SUBSCRIPTION_ID", sub.id.clone()));
+    let own = OwnServerReceiver::start(
+        &["--enable-fault-api", "--lease-seconds", "30"],
+        &["task.cancelled", "task.succeeded"],
+    )
+    .await;
+    let (server, receiver_db, orbit, client, sub) = (
+        &own.server,
+        &own.receiver_db,
+        &own.orbit,
+        &own.client,
+        &own.sub,
+    );
+    let mut env = own.env.clone();
     env.push(("RECEIVER_METRICS_LISTEN", "127.0.0.1:0".into()));
 
     // The platform does not answer yet: the subscription check cannot finish.

@@ -6,10 +6,9 @@
 use std::time::Duration;
 
 use conformance::process::Consumer;
-use conformance::{eventually, OrbitDev, QUEUE};
+use conformance::{all_acked, cancelled_task, eventually, OwnServerReceiver};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
-use orbit_sdk::Client;
 use sqlx::{Connection, MySqlConnection};
 
 /// Deliveries queued while the database is gone.
@@ -36,37 +35,18 @@ impl Drop for ContinueOnDrop {
     }
 }
 
-async fn cancelled_task(client: &Client) -> String {
-    let task = client.submit_task(QUEUE, None).await.unwrap();
-    client.cancel_task(&task.id).await.unwrap();
-    task.id
-}
-
 async fn run(outage: Outage) {
-    let server = testdb::Server::local().expect("a local server");
-    let receiver_db = server.provision().await.expect("provisioned");
-    let init = result_inbox::Dsn::parse(&receiver_db.init_url()).unwrap();
-    result_inbox::schema::init(&init).await.unwrap();
-    receiver_db.grant_runtime().await.unwrap();
-
     // Leases longer than the 5 s budget, so an in-flight delivery fails before its lease ends.
-    let orbit = OrbitDev::start(&["--lease-seconds", "10", "--max-attempts", "100"]).await;
-    let client = orbit.client();
-    let sub = client
-        .create_subscription(QUEUE, &["task.cancelled"])
-        .await
-        .unwrap();
-    let mut env: Vec<(&str, String)> = orbit
-        .receiver_env()
-        .into_iter()
-        .filter(|(k, _)| *k != "ORBIT_RECEIVER_DSN")
-        .collect();
-    env.push(("ORBIT_RECEIVER_DSN", receiver_db.runtime_url()));
-    env.push(("ORBIT_SUBSCRIPTION_ID", sub.id.clone()));
-    let consumer = Consumer::normal(&env);
+    let own = OwnServerReceiver::start(
+        &["--lease-seconds", "10", "--max-attempts", "100"],
+        &["task.cancelled"],
+    )
+    .await;
+    let (server, receiver_db, client, sub) = (&own.server, &own.receiver_db, &own.client, &own.sub);
+    let consumer = Consumer::normal(&own.env);
 
     // The consumer is up and applying.
-    let mut tasks = vec![cancelled_task(&client).await];
+    let mut tasks = vec![cancelled_task(client).await];
     eventually(Duration::from_secs(20), "the first event applied", || {
         let n = consumer.output().matches("classification=applied").count();
         async move { n == 1 }
@@ -81,7 +61,7 @@ async fn run(outage: Outage) {
     }
     let gone = std::time::Instant::now();
     for _ in 0..QUEUED {
-        tasks.push(cancelled_task(&client).await);
+        tasks.push(cancelled_task(client).await);
     }
     eventually(OUTAGE, "the consumer to say it holds deliveries", || {
         let said = consumer
@@ -96,17 +76,7 @@ async fn run(outage: Outage) {
         Outage::Restarted => server.restart().expect("the server starts again"),
     }
 
-    eventually(Duration::from_secs(60), "every delivery ACKED", || {
-        let (client, sub) = (client.clone(), sub.id.clone());
-        async move {
-            let d = client
-                .list_deliveries(&sub, &Default::default())
-                .await
-                .unwrap();
-            d.len() == QUEUED + 1 && d.iter().all(|d| d.state == "ACKED")
-        }
-    })
-    .await;
+    all_acked(client, &sub.id, Some(QUEUED + 1), Duration::from_secs(60)).await;
     let output = consumer.stop().await;
     assert!(
         output.contains("database back after "),

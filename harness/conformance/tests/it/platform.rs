@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use conformance::{eventually, http_raw, OrbitDev, QUEUE};
+use conformance::{cancelled_task, eventually, http_raw, OrbitDev, QUEUE};
 use futures_util::{SinkExt, StreamExt};
 use orbit_sdk::{AckResult, Client, ConsumerEvent, DeliveryFilter, EventConsumer};
 use serde_json::{json, Value};
@@ -43,13 +43,6 @@ async fn wait_for_hold(orbit: &OrbitDev, what: &str) {
         },
     )
     .await;
-}
-
-/// A cancelled task: one `task.cancelled` event.
-async fn cancelled_task(client: &Client) -> String {
-    let task = client.submit_task(QUEUE, None).await.unwrap();
-    client.cancel_task(&task.id).await.unwrap();
-    task.id
 }
 
 type Ws =
