@@ -136,6 +136,11 @@ impl LocalServer {
     fn install(program: &Program, dir: &Path) -> Result<(), Error> {
         let data = dir.join("data");
         let log = dir.join("install.log");
+        // Each server has a temporary directory of its own: a server that starts deletes every
+        // `#sql…` file in its tmpdir, and would delete another installer's temporary tables if
+        // they shared `$TMPDIR` (this failed a CI run).
+        let tmp = dir.join("tmp");
+        fs::create_dir_all(&tmp).map_err(Error::io(format!("cannot create {}", tmp.display())))?;
         let log_file = fs::File::create(&log)
             .map_err(Error::io(format!("cannot create {}", log.display())))?;
         let mut cmd = if program.mariadb {
@@ -147,6 +152,7 @@ impl LocalServer {
             let mut cmd = Command::new(installer);
             cmd.arg("--no-defaults")
                 .arg(format!("--datadir={}", data.display()))
+                .arg(format!("--tmpdir={}", tmp.display()))
                 .arg("--auth-root-authentication-method=normal")
                 .arg("--skip-test-db");
             if is_root() {
@@ -157,7 +163,8 @@ impl LocalServer {
             let mut cmd = Command::new(&program.server);
             cmd.arg("--no-defaults")
                 .arg("--initialize-insecure")
-                .arg(format!("--datadir={}", data.display()));
+                .arg(format!("--datadir={}", data.display()))
+                .arg(format!("--tmpdir={}", tmp.display()));
             if is_root() {
                 cmd.arg("--user=root");
             }
@@ -221,6 +228,7 @@ impl LocalServer {
         let mut cmd = Command::new(&program.server);
         cmd.arg("--no-defaults")
             .arg(format!("--datadir={}", data.display()))
+            .arg(format!("--tmpdir={}", dir.join("tmp").display()))
             .arg(format!("--port={port}"))
             .arg("--bind-address=127.0.0.1")
             .arg(format!("--socket={}", socket.display()))
