@@ -32,4 +32,6 @@ pub use dsn::{Dsn, DsnError};
 pub use error::{ApplyError, Conflict, StorageError, StorageKind};
 pub use event::{Rejection, TaskEvent, TaskState};
 pub use identity::{ConsumerName, EventId, QueueId, TaskId};
-pub use store::{Applied, BusinessWrite, Outcome, Receipt, Store, StoreOptions, WriteFuture};
+pub use store::{
+    Applied, BusinessWrite, Outcome, Receipt, Store, StoreOptions, WriteFuture, APPLY_TIMEOUT,
+};

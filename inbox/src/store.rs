@@ -32,6 +32,14 @@
 //!    hide which key collided. The row carries `applied = 1` provisionally; only the stale path
 //!    clears it, in the same transaction, and nobody can read it in between (a duplicate waits
 //!    on the row's lock, and READ COMMITTED readers see only committed rows).
+//!
+//!    On Galera (synchronous multi-primary) the second inserter does not wait when it runs on
+//!    another node: each node accepts its own insert, and the cluster certifies the write sets
+//!    at COMMIT in one global order. The later one fails certification (1213 in reply to
+//!    COMMIT), or, if it is still open when the earlier one is applied on its node, it is
+//!    aborted there (1213 at its next statement). Either way it rolled back, definitely, and
+//!    [`Store::apply_until`] runs it again: the insert then meets the committed row (1062)
+//!    and the apply reports a duplicate. Dedup still holds; only who waits differs.
 //! 2. The view is created with its final values, or locked and advanced, by one
 //!    `INSERT … ON DUPLICATE KEY UPDATE` ([`UPSERT_VIEW`]). On the view this is safe and it is
 //!    what keeps concurrent first events of one task from deadlocking: a plain `INSERT` that
@@ -87,6 +95,13 @@ use crate::pool::{Lease, Pool, KILL_TIMEOUT};
 
 /// One apply, from taking a connection to the answer to COMMIT, takes at most this long.
 pub const APPLY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long [`Store::connect`] waits for the server's answer to its first query.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Reads nothing, and fails when a table is missing or the server refuses to serve tables
+/// (a Galera node outside the primary component).
+const SCHEMA_CHECK: &str = "SELECT 1 FROM receiver_inbox JOIN receiver_task_views LIMIT 0";
 
 /// The first wait before a retry inside the apply; it doubles up to [`RETRY_MAX_WAIT`], and
 /// each wait is jittered to between half and all of it.
@@ -319,13 +334,12 @@ impl Store {
             #[cfg(feature = "fault-hooks")]
             barrier: options.barrier,
         };
-        // Fail at start, not at the first event, when `init` was never run.
-        store
-            .read(sqlx::query(
-                "SELECT 1 FROM receiver_inbox JOIN receiver_task_views LIMIT 0",
-            ))
-            .await?;
-        Ok(store)
+        // Fail at start, not at the first event, when `init` was never run. A server that
+        // accepts the connection and then says nothing must not hold the start forever.
+        match tokio::time::timeout(CONNECT_TIMEOUT, store.read(sqlx::query(SCHEMA_CHECK))).await {
+            Ok(result) => result.map(|_| store),
+            Err(_) => Err(StorageError::not_answering()),
+        }
     }
 
     /// The consumer name this store records under.
@@ -348,12 +362,14 @@ impl Store {
         self.pool.close().await;
     }
 
-    /// Whether the database answers a trivial query on a new connection within `within`:
-    /// what a caller holding back work during an outage probes with.
+    /// Whether the database answers a query on the two tables on a new connection within
+    /// `within`: what a caller holding back work during an outage probes with. The query
+    /// names the tables because a Galera node that is not part of the primary component
+    /// answers `SELECT 1` but refuses every table (1047).
     pub async fn probe(&self, within: Duration) -> Result<(), StorageError> {
         let attempt = async {
             let mut conn = self.pool.open().await?;
-            conn.raw.execute("SELECT 1").await?;
+            conn.raw.execute(SCHEMA_CHECK).await?;
             sqlx::Connection::close(conn.raw).await
         };
         match tokio::time::timeout(within, attempt).await {

@@ -31,6 +31,15 @@ pub const RECEIVER_LOG_FORMAT: &str = "RECEIVER_LOG_FORMAT";
 /// nothing listens.
 pub const RECEIVER_METRICS_LISTEN: &str = "RECEIVER_METRICS_LISTEN";
 
+/// The time budget of one apply in `consume`, e.g. `5s` or `2500ms` (default 5 s); it must
+/// leave the subscription's lease at least a second for the ACK.
+pub const RECEIVER_APPLY_TIMEOUT: &str = "RECEIVER_APPLY_TIMEOUT";
+/// The shortest and longest apply budget [`RECEIVER_APPLY_TIMEOUT`] may set.
+pub const APPLY_TIMEOUT_RANGE: (std::time::Duration, std::time::Duration) = (
+    std::time::Duration::from_millis(100),
+    std::time::Duration::from_secs(600),
+);
+
 /// Where configuration values come from.
 pub trait Source {
     /// The value of `name`, if set.
@@ -296,6 +305,48 @@ pub struct ConsumeConfig {
     pub subscription: String,
     /// Where to serve metrics, if anywhere.
     pub metrics: Option<std::net::SocketAddr>,
+    /// The apply budget the user set, if any (otherwise the store's default).
+    pub apply_timeout: Option<std::time::Duration>,
+}
+
+/// Reads `RECEIVER_APPLY_TIMEOUT`: a whole number of `ms` or `s` within
+/// [`APPLY_TIMEOUT_RANGE`].
+fn apply_timeout(
+    source: &dyn Source,
+    errors: &mut Vec<ConfigError>,
+) -> Option<std::time::Duration> {
+    use std::time::Duration;
+    let v = source.get(RECEIVER_APPLY_TIMEOUT)?;
+    let v = v.trim();
+    let parsed = if let Some(ms) = v.strip_suffix("ms") {
+        ms.parse::<u64>().ok().map(Duration::from_millis)
+    } else if let Some(s) = v.strip_suffix('s') {
+        s.parse::<u64>().ok().map(Duration::from_secs)
+    } else {
+        None
+    };
+    let (low, high) = APPLY_TIMEOUT_RANGE;
+    match parsed {
+        Some(d) if (low..=high).contains(&d) => Some(d),
+        Some(_) => {
+            errors.push(ConfigError {
+                variable: RECEIVER_APPLY_TIMEOUT,
+                problem: format!(
+                    "must be between {} ms and {} s",
+                    low.as_millis(),
+                    high.as_secs()
+                ),
+            });
+            None
+        }
+        None => {
+            errors.push(ConfigError {
+                variable: RECEIVER_APPLY_TIMEOUT,
+                problem: "must be a whole number of seconds or milliseconds with its unit, e.g. 5s or 2500ms".into(),
+            });
+            None
+        }
+    }
 }
 
 /// Reads `RECEIVER_METRICS_LISTEN`: an IP address and a port (port 0 picks a free one).
@@ -327,11 +378,13 @@ impl ConsumeConfig {
             "is not set: give the 32-character id of an existing subscription",
         );
         let metrics = metrics_listen(source, &mut errors);
+        let apply_timeout = apply_timeout(source, &mut errors);
         match (run, subscription) {
             (Some(run), Some(subscription)) if errors.is_empty() => Ok(ConsumeConfig {
                 run,
                 subscription,
                 metrics,
+                apply_timeout,
             }),
             _ => Err(ConfigErrors(errors)),
         }
@@ -455,5 +508,37 @@ mod tests {
             receiver_name(&env, &mut errors).unwrap().as_str(),
             "task-result-view"
         );
+    }
+
+    #[test]
+    fn the_apply_budget_needs_a_unit_and_a_sane_size() {
+        use std::time::Duration;
+        let read = |v: &str| {
+            let env: HashMap<&str, &str> = [(RECEIVER_APPLY_TIMEOUT, v)].into_iter().collect();
+            let mut errors = Vec::new();
+            let d = apply_timeout(&env, &mut errors);
+            (d, errors.first().map(|e| e.to_string()))
+        };
+        assert_eq!(read("5s"), (Some(Duration::from_secs(5)), None));
+        assert_eq!(read(" 2500ms "), (Some(Duration::from_millis(2500)), None));
+        for bad in ["5", "5 s", "-1s", "1.5s", "", "s", "5m"] {
+            let (d, e) = read(bad);
+            assert_eq!(d, None, "{bad:?}");
+            assert!(
+                e.as_deref().is_some_and(|e| e.starts_with("RECEIVER_APPLY_TIMEOUT must be a whole number")),
+                "{bad:?}: {e:?}"
+            );
+        }
+        for out in ["99ms", "0s", "601s"] {
+            let (d, e) = read(out);
+            assert_eq!(d, None, "{out:?}");
+            assert_eq!(
+                e.as_deref(),
+                Some("RECEIVER_APPLY_TIMEOUT must be between 100 ms and 600 s"),
+                "{out:?}"
+            );
+        }
+        let env: HashMap<&str, &str> = HashMap::new();
+        assert_eq!(apply_timeout(&env, &mut Vec::new()), None);
     }
 }

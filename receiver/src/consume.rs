@@ -5,7 +5,11 @@
 //! signal cancels in-flight handlers (their deliveries are not ACKed and come again after the
 //! lease) and the process ends within 10 s; the shared subscription is never paused.
 //!
-//! Each apply ends by the earlier of its 5 s budget and its lease's end minus
+//! When the database is unavailable at start (down, not answering, a Galera node outside the
+//! primary component), it waits for it, saying so, before taking any delivery.
+//!
+//! Each apply ends by the earlier of its budget (5 s, or `RECEIVER_APPLY_TIMEOUT`, which must
+//! be below the lease by [`LEASE_MARGIN`]) and its lease's end minus
 //! [`LEASE_MARGIN`] (measured from when the delivery arrived, with the lease the subscription
 //! reports, so clock skew between hosts plays no part). While the database is down, no new
 //! delivery is taken ([`crate::outage`]).
@@ -19,7 +23,7 @@ use orbit_sdk::{Client, ConsumerEvent, CreditGate, EventConsumer};
 use crate::config::ConsumeConfig;
 use crate::delivery::apply_raw;
 use crate::metrics::Metrics;
-use crate::outage::Outage;
+use crate::outage::{Outage, PROBE_FIRST_WAIT, PROBE_MAX_WAIT};
 use result_inbox::Store;
 use result_inbox::StoreOptions;
 
@@ -56,6 +60,12 @@ pub enum ConsumeError {
         actual: String,
         configured: String,
     },
+    #[error("RECEIVER_APPLY_TIMEOUT ({budget_ms} ms) must be below subscription {id}'s lease ({lease_ms} ms) by at least {} ms for the ACK: refusing to start", LEASE_MARGIN.as_millis())]
+    BudgetNotBelowLease {
+        id: String,
+        budget_ms: u64,
+        lease_ms: u64,
+    },
 }
 
 /// Connects to the platform and the database: the client, the subscription (checked against
@@ -80,16 +90,67 @@ async fn start(
             configured: queue.to_string(),
         });
     }
+    // A budget the user chose must fit the lease; the default is cut short instead (`run`).
+    if let (Some(budget), Some(lease_ms)) = (config.apply_timeout, subscription.lease_ms) {
+        if budget + LEASE_MARGIN > Duration::from_millis(lease_ms) {
+            return Err(ConsumeError::BudgetNotBelowLease {
+                id: subscription.id,
+                budget_ms: budget.as_millis() as u64,
+                lease_ms,
+            });
+        }
+    }
+    // The core's test hook field exists whenever another crate of the build turns it on.
+    #[allow(clippy::needless_update)]
     let options = StoreOptions {
         max_connections: CONCURRENCY as u32 + 1,
+        apply_timeout: config.apply_timeout.unwrap_or(result_inbox::APPLY_TIMEOUT),
         #[cfg(feature = "fault-barriers")]
         barrier: Some(crate::fault::store_hook()),
         ..StoreOptions::default()
     };
-    let store = Store::connect(&config.run.dsn, config.run.name.clone(), queue, options)
-        .await
-        .map_err(ConsumeError::Store)?;
+    let store = connect_store(config, queue, options).await?;
     Ok((client, subscription, Arc::new(store)))
+}
+
+/// Opens the store, waiting while the database is unavailable (down, not answering, or a
+/// Galera node outside the primary component): no delivery is taken before it answers, so
+/// none spends an attempt. Any other failure (wrong password, tables missing) ends the start.
+async fn connect_store(
+    config: &ConsumeConfig,
+    queue: result_inbox::QueueId,
+    options: StoreOptions,
+) -> Result<Store, ConsumeError> {
+    let started = Instant::now();
+    let mut rng = fastrand::Rng::new();
+    let mut wait = PROBE_FIRST_WAIT;
+    let mut announced = false;
+    loop {
+        let name = config.run.name.clone();
+        match Store::connect(&config.run.dsn, name, queue.clone(), options.clone()).await {
+            Ok(store) => {
+                if announced {
+                    tracing::info!(
+                        "database ready after {} s: starting",
+                        started.elapsed().as_secs()
+                    );
+                }
+                return Ok(store);
+            }
+            Err(e) if e.is_unavailable() => {
+                if !announced {
+                    tracing::warn!(
+                        "database unavailable: waiting for it before taking deliveries ({e}); trying every {} s at most",
+                        PROBE_MAX_WAIT.as_secs()
+                    );
+                    announced = true;
+                }
+            }
+            Err(e) => return Err(ConsumeError::Store(e)),
+        }
+        tokio::time::sleep(wait.mul_f64(0.5 + rng.f64() / 2.0)).await;
+        wait = (wait * 2).min(PROBE_MAX_WAIT);
+    }
 }
 
 /// Consumes until `stop` completes. A `stop` during start-up ends it at once, successfully.

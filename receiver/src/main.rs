@@ -87,11 +87,15 @@ const CONSUME_HELP: &str = "usage: receiver consume
 Applies every delivery of the subscription ORBIT_SUBSCRIPTION_ID, four at a time, logging one
 line per delivery (applied, duplicate, stale, conflict, rejected:<kind>, commit_unconfirmed,
 storage_error, timeout, write_failed). Refuses to start if the subscription's queue is not the
-configured one. SIGINT or SIGTERM cancels in-flight handlers and exits within 10 s; the
-subscription is never paused.
+configured one, or if RECEIVER_APPLY_TIMEOUT does not leave the lease a second for the ACK.
+While the database is unavailable (at start or later) it takes no delivery and says so.
+SIGINT or SIGTERM cancels in-flight handlers and exits within 10 s; the subscription is never
+paused.
 
 environment:
   ORBIT_SUBSCRIPTION_ID   the 32-character subscription id (required)
+  RECEIVER_APPLY_TIMEOUT  the budget of one apply, e.g. 5s (default) or 2500ms
+  RECEIVER_METRICS_LISTEN where to serve /metrics, /healthz, /readyz (unset: nowhere)
   ORBIT_URL, ORBIT_CREDENTIALS_FILE, ORBIT_TOKEN, ORBIT_QUEUE_ID, ORBIT_RECEIVER_DSN,
   RECEIVER_NAME, RECEIVER_LOG_FORMAT   as for demo";
 

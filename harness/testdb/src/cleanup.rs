@@ -119,10 +119,22 @@ pub(crate) fn sweep_leftovers(root: &Path) {
             }
             _ => {}
         }
-        if let Some(server) = read_pid("data/server.pid") {
+        // A local server keeps its pid in `data/`, each node of a cluster in its own `n<i>/`.
+        let nodes = fs::read_dir(&dir)
+            .map(|entries| {
+                entries
+                    .flatten()
+                    .map(|e| e.path().join("server.pid"))
+                    .collect::<Vec<_>>()
+            })
+            .unwrap_or_default();
+        let servers = std::iter::once(dir.join("data/server.pid"))
+            .chain(nodes)
+            .filter_map(|f| fs::read_to_string(f).ok()?.trim().parse::<i32>().ok());
+        for server in servers {
             let cmdline = fs::read(format!("/proc/{server}/cmdline")).unwrap_or_default();
             if String::from_utf8_lossy(&cmdline).contains(&*dir.to_string_lossy()) {
-                // A leftover server of ours, identified by its datadir.
+                // A leftover server of ours, identified by its datadir or configuration.
                 process::kill(server);
             }
         }

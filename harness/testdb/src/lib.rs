@@ -21,6 +21,7 @@
 //! This crate knows MySQL administration only; it knows nothing of the inbox.
 
 mod cleanup;
+mod galera;
 mod local;
 mod process;
 mod provision;
@@ -31,6 +32,7 @@ mod container;
 use std::sync::OnceLock;
 use std::time::Duration;
 
+pub use galera::{provider as galera_provider, PROVIDER_PATHS, TESTDB_GALERA_PROVIDER};
 pub use provision::{Account, Provisioned};
 
 /// Names the admin URL of an existing server to use instead of starting one.
@@ -128,13 +130,15 @@ pub struct Server {
 enum Backend {
     Local(local::LocalServer),
     Existing,
+    /// One node of a [`Cluster`].
+    Galera(galera::Node),
     /// Held for its `Drop`, which removes the container.
     #[cfg(feature = "container")]
     Container(#[allow(dead_code)] container::ContainerServer),
 }
 
 #[allow(clippy::disallowed_methods)] // the harness reads its own variables, not the receiver's
-fn env(name: &str) -> Option<String> {
+pub(crate) fn env(name: &str) -> Option<String> {
     std::env::var(name).ok().filter(|v| !v.is_empty())
 }
 
@@ -275,36 +279,147 @@ impl Server {
         )
     }
 
-    /// Kills a local server with SIGKILL, as a crash would; returns whether one was killed.
+    /// Kills a local server or a cluster node with SIGKILL, as a crash would; returns whether
+    /// one was killed.
     pub fn kill(&self) -> bool {
         match &self.backend {
             Backend::Local(server) => server.kill(),
+            Backend::Galera(node) => node.kill(),
             _ => false,
         }
     }
 
     /// Starts a local server again after [`Server::kill`], on the same datadir and port, and
-    /// waits until it answers. An error for other backends.
+    /// waits until it answers; a cluster node recovers its position, rejoins and waits until it
+    /// is `Synced`. An error for other backends.
     pub fn restart(&self) -> Result<(), Error> {
         match &self.backend {
             Backend::Local(server) => server.restart(),
-            _ => Err(Error::Config("only a local server can be restarted".into())),
+            Backend::Galera(node) => node.restart(),
+            _ => Err(Error::Config(
+                "only a local server or a cluster node can be restarted".into(),
+            )),
         }
     }
 
-    /// The process id of a local server while it runs.
+    /// The process id of a local server or a cluster node while it runs.
     pub fn pid(&self) -> Option<u32> {
         match &self.backend {
             Backend::Local(server) => server.pid(),
+            Backend::Galera(node) => node.pid(),
             _ => None,
         }
     }
 
-    /// Where a local server writes its error log.
+    /// Where a local server or a cluster node writes its error log.
     pub fn log_path(&self) -> Option<std::path::PathBuf> {
         match &self.backend {
             Backend::Local(server) => Some(server.log_path()),
+            Backend::Galera(node) => Some(node.log_path()),
             _ => None,
         }
+    }
+
+    fn node(&self) -> Result<&galera::Node, Error> {
+        match &self.backend {
+            Backend::Galera(node) => Ok(node),
+            _ => Err(Error::Config("not a node of a Galera cluster".into())),
+        }
+    }
+
+    /// SIGSTOP: a cluster node that stops answering, its peers included (a hung host).
+    pub fn pause(&self) -> Result<(), Error> {
+        match self.node()?.signal(nix::sys::signal::Signal::SIGSTOP) {
+            true => Ok(()),
+            false => Err(Error::Config("the node is not running".into())),
+        }
+    }
+
+    /// SIGCONT after [`Server::pause`].
+    pub fn resume(&self) -> Result<(), Error> {
+        match self.node()?.signal(nix::sys::signal::Signal::SIGCONT) {
+            true => Ok(()),
+            false => Err(Error::Config("the node is not running".into())),
+        }
+    }
+
+    /// Cuts a cluster node off from its peers (`gmcast.isolate=1`) and returns once it is
+    /// non-Primary (it then refuses applications with 1047), or, with `false`, lets it rejoin
+    /// and returns once it is `Synced`.
+    pub fn isolate(&self, isolated: bool) -> Result<(), Error> {
+        self.node()?.isolate(isolated)
+    }
+
+    /// A cluster node's `SHOW GLOBAL STATUS` value, e.g. `wsrep_local_state_comment`.
+    pub fn wsrep_status(&self, variable: &str) -> Result<String, Error> {
+        self.node()?.status(variable)
+    }
+
+    /// Waits until a cluster node is `Synced` (after a rejoin, say).
+    pub fn wait_synced(&self) -> Result<(), Error> {
+        self.node()?.wait_synced()
+    }
+}
+
+/// A MariaDB Galera cluster of local nodes on loopback, each a [`Server`]. A database or an
+/// account provisioned on one node exists on all. Dropping the cluster kills every node and
+/// removes its directory.
+#[derive(Debug)]
+pub struct Cluster {
+    nodes: Vec<Server>,
+    dir: std::path::PathBuf,
+    started_in: Duration,
+}
+
+impl Cluster {
+    /// Starts `count` nodes (the first bootstraps, the others join it by state transfer) and
+    /// returns when every one is `Synced`. [`Error::NoServerProgram`] when the Galera provider
+    /// or MariaDB's server is missing.
+    pub fn start(count: usize) -> Result<Cluster, Error> {
+        let started = std::time::Instant::now();
+        let galera::Nodes { nodes, dir } = galera::start(count)?;
+        let nodes = nodes
+            .into_iter()
+            .map(|node| {
+                let description = format!(
+                    "{} of a {count}-node Galera cluster (local mariadbd, 127.0.0.1:{})",
+                    node.name(),
+                    node.port()
+                );
+                Self::node_server(node, description)
+            })
+            .collect();
+        cleanup::remove_at_exit();
+        Ok(Cluster {
+            nodes,
+            dir,
+            started_in: started.elapsed(),
+        })
+    }
+
+    fn node_server(node: galera::Node, description: String) -> Server {
+        Server::loopback_root(node.port(), description, Backend::Galera(node))
+    }
+
+    /// The nodes, in order (`node1` first).
+    pub fn nodes(&self) -> &[Server] {
+        &self.nodes
+    }
+
+    /// Node `i`, counted from 0.
+    pub fn node(&self, i: usize) -> &Server {
+        &self.nodes[i]
+    }
+
+    /// How long starting the cluster took, until every node was `Synced`.
+    pub fn started_in(&self) -> Duration {
+        self.started_in
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        self.nodes.clear();
+        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }

@@ -20,12 +20,12 @@ use crate::{provision, Error, READY_TIMEOUT};
 
 /// Which server program, and how to make a datadir for it.
 #[derive(Debug, Clone)]
-struct Program {
-    server: PathBuf,
-    mariadb: bool,
+pub(crate) struct Program {
+    pub(crate) server: PathBuf,
+    pub(crate) mariadb: bool,
 }
 
-fn find_in_path(name: &str) -> Option<PathBuf> {
+pub(crate) fn find_in_path(name: &str) -> Option<PathBuf> {
     #[allow(clippy::disallowed_methods)] // the harness looks up its own tools
     let path = std::env::var_os("PATH").unwrap_or_default();
     std::env::split_paths(&path)
@@ -38,7 +38,7 @@ fn find_in_path(name: &str) -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
-fn find_program() -> Result<Program, Error> {
+pub(crate) fn find_program() -> Result<Program, Error> {
     if let Some(server) = find_in_path("mariadbd") {
         return Ok(Program {
             server,
@@ -64,7 +64,7 @@ fn find_program() -> Result<Program, Error> {
     ))
 }
 
-fn free_loopback_port() -> Result<u16, Error> {
+pub(crate) fn free_loopback_port() -> Result<u16, Error> {
     // MariaDB reads --port=0 as "the default port", not "any": pick one here.
     let listener =
         TcpListener::bind("127.0.0.1:0").map_err(Error::io("cannot find a free loopback port"))?;
@@ -74,7 +74,7 @@ fn free_loopback_port() -> Result<u16, Error> {
         .map_err(Error::io("cannot find a free loopback port"))
 }
 
-fn tail(path: &Path, bytes: u64) -> String {
+pub(crate) fn tail(path: &Path, bytes: u64) -> String {
     let Ok(mut f) = fs::File::open(path) else {
         return format!("(no log at {})", path.display());
     };
@@ -133,7 +133,7 @@ impl LocalServer {
         result
     }
 
-    fn install(program: &Program, dir: &Path) -> Result<(), Error> {
+    pub(crate) fn install(program: &Program, dir: &Path) -> Result<(), Error> {
         let data = dir.join("data");
         let log = dir.join("install.log");
         // Each server has a temporary directory of its own: a server that starts deletes every

@@ -252,6 +252,25 @@ impl Provisioned {
         u
     }
 
+    /// [`Provisioned::runtime_url`] on another node of the same cluster, where the same
+    /// databases and accounts exist.
+    pub fn runtime_url_on(&self, node: &Server) -> String {
+        url(
+            &self.runtime.user,
+            self.runtime.password.expose(),
+            &node.address(),
+            Some(&self.receiver_db),
+        )
+    }
+
+    /// [`Provisioned::admin_receiver_url`] on another node of the same cluster.
+    pub fn admin_receiver_url_on(&self, node: &Server) -> String {
+        let mut u = node.admin_url();
+        u.push('/');
+        u.push_str(&self.receiver_db);
+        u
+    }
+
     /// `host:port`.
     pub fn address(&self) -> &str {
         &self.address

@@ -273,9 +273,16 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     }
-    // Longest suites first, so that the slow fault suite does not start last.
+    // Longest suites first (the Galera cluster's, then the fault suite), so that neither
+    // starts last.
     let mut queue: Vec<(String, Vec<String>)> = all.into_iter().collect();
-    queue.sort_by_key(|(name, tests)| (name != "faults", std::cmp::Reverse(tests.len())));
+    queue.sort_by_key(|(name, tests)| {
+        (
+            name != "galera",
+            name != "faults",
+            std::cmp::Reverse(tests.len()),
+        )
+    });
     let queue: VecDeque<_> = queue.into();
     println!(
         "integration: {} suites, {} at a time, each with its own temporary MySQL server; logs in {}",
@@ -355,10 +362,13 @@ fn main() -> ExitCode {
         started.elapsed().as_secs_f64()
     );
 
-    // The crash loop's seed, for replaying it.
+    // The crash loop's seed, for replaying it, and the Galera suite's figures.
     for o in &results {
         let log = fs::read_to_string(&o.log).unwrap_or_default();
-        for line in log.lines().filter(|l| l.starts_with("crash-loop: seed=")) {
+        for line in log
+            .lines()
+            .filter(|l| l.starts_with("crash-loop: seed=") || l.starts_with("galera: "))
+        {
             println!("{}", line.split("; plan").next().unwrap_or(line));
         }
     }

@@ -273,6 +273,36 @@ async fn consume_refuses_a_subscription_of_another_queue() {
     );
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consume_refuses_an_apply_budget_that_leaves_the_lease_no_second_for_the_ack() {
+    let orbit = OrbitDev::start(&["--lease-seconds", "5"]).await;
+    orbit.init_receiver().await;
+    let sub = orbit
+        .client()
+        .create_subscription(QUEUE, &["task.cancelled"])
+        .await
+        .unwrap();
+    let mut env = orbit.receiver_env();
+    env.push(("ORBIT_SUBSCRIPTION_ID", sub.id.clone()));
+    env.push(("RECEIVER_APPLY_TIMEOUT", "4500ms".into()));
+    let out = run(&mut receiver(&["consume"], &env));
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        text(&out.stderr).lines().last(),
+        Some(format!("receiver consume: RECEIVER_APPLY_TIMEOUT (4500 ms) must be below subscription {}'s lease (5000 ms) by at least 1000 ms for the ACK: refusing to start", sub.id).as_str()),
+    );
+    // A budget without its unit is a configuration error, found before anything connects.
+    env.pop();
+    env.push(("RECEIVER_APPLY_TIMEOUT", "4".into()));
+    let out = run(&mut receiver(&["consume"], &env));
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains("RECEIVER_APPLY_TIMEOUT must be a whole number of seconds or milliseconds with its unit, e.g. 5s or 2500ms"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
 fn sigterm(child: &Child) {
     assert!(Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
