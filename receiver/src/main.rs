@@ -94,7 +94,7 @@ paused.
 
 environment:
   ORBIT_SUBSCRIPTION_ID   the 32-character subscription id (required)
-  RECEIVER_APPLY_TIMEOUT  the budget of one apply, e.g. 5s (default) or 2500ms
+  RECEIVER_APPLY_TIMEOUT  the budget of one apply: 5s unless set, e.g. 2500ms
   RECEIVER_METRICS_LISTEN where to serve /metrics, /healthz, /readyz (unset: nowhere)
   ORBIT_URL, ORBIT_CREDENTIALS_FILE, ORBIT_TOKEN, ORBIT_QUEUE_ID, ORBIT_RECEIVER_DSN,
   RECEIVER_NAME, RECEIVER_LOG_FORMAT   as for demo";
