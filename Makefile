@@ -2,7 +2,7 @@
 CARGO ?= cargo
 
 .DEFAULT_GOAL := help
-.PHONY: help deps check build fault-build release test unit integration demo bench bench-proxy
+.PHONY: help deps check build fault-build release test unit integration demo bench bench-proxy bench-instructions
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -54,6 +54,9 @@ bench: deps ## All benchmarks, quick mode (about five minutes): canonicalise, ap
 	$(CARGO) build --release -p orbit-dev -p receiver --bins
 	$(CARGO) bench -p conformance --bench drain
 	$(CARGO) bench -p commit-proxy --bench relay
+
+bench-instructions: ## Instructions per byte of the canonical form under valgrind's callgrind (repeatable; about a minute)
+	@scripts/bench-instructions
 
 bench-proxy: deps ## commit-proxy relay overhead: direct vs TCP forwarder vs proxy, one run
 	$(CARGO) bench -p commit-proxy --bench relay

@@ -48,16 +48,19 @@ struct Stats {
     p50: Duration,
     p99: Duration,
     /// Statements the server counted per operation (`Questions`: COM_QUERY and prepared
-    /// executes; never COM_PING, which no counter shows).
+    /// executes).
     statements: f64,
     /// `Innodb_data_fsyncs` per operation.
     fsyncs: f64,
+    /// `Com_admin_commands` per operation: MariaDB counts every `COM_PING` there. The admin
+    /// pool's own pings around the two counter reads (at most 4) are included.
+    pings: f64,
 }
 
-/// The server's statement and fsync counters.
-async fn server_counters(admin: &MySqlPool) -> (f64, f64) {
+/// The server's statement, fsync and ping counters.
+async fn server_counters(admin: &MySqlPool) -> (f64, f64, f64) {
     let rows = sqlx::query(
-        "SHOW GLOBAL STATUS WHERE Variable_name IN ('Questions', 'Innodb_data_fsyncs')",
+        "SHOW GLOBAL STATUS WHERE Variable_name IN ('Questions', 'Innodb_data_fsyncs', 'Com_admin_commands')",
     )
     .fetch_all(admin)
     .await
@@ -68,7 +71,11 @@ async fn server_counters(admin: &MySqlPool) -> (f64, f64) {
             .and_then(|r| r.try_get::<String, _>(1).ok()?.parse().ok())
             .unwrap_or(0.0)
     };
-    (get("Questions"), get("Innodb_data_fsyncs"))
+    (
+        get("Questions"),
+        get("Innodb_data_fsyncs"),
+        get("Com_admin_commands"),
+    )
 }
 
 /// Runs `phase` and fills in its per-operation server counters (the bench is the server's only
@@ -78,11 +85,12 @@ async fn counted(
     ops: usize,
     phase: impl std::future::Future<Output = Stats>,
 ) -> Stats {
-    let (q0, f0) = server_counters(admin).await;
+    let (q0, f0, p0) = server_counters(admin).await;
     let mut stats = phase.await;
-    let (q1, f1) = server_counters(admin).await;
+    let (q1, f1, p1) = server_counters(admin).await;
     stats.statements = (q1 - q0 - 1.0) / ops as f64;
     stats.fsyncs = (f1 - f0) / ops as f64;
+    stats.pings = (p1 - p0) / ops as f64;
     stats
 }
 
@@ -122,6 +130,7 @@ where
         p99: pct(0.99),
         statements: 0.0,
         fsyncs: 0.0,
+        pings: 0.0,
     }
 }
 
@@ -256,7 +265,7 @@ fn main() {
             .await
             .unwrap(),
         );
-        println!("  path            conc  events/s   p50 µs   p99 µs     ÷ (a)   ÷ (b)   stmts  fsyncs (per op, server counters)");
+        println!("  path            conc  events/s   p50 µs   p99 µs     ÷ (a)   ÷ (b)   stmts  fsyncs  pings (per op, server counters)");
         let mut at1 = None;
         let mut at16 = None;
         for concurrency in [1usize, 4, 16] {
@@ -337,14 +346,15 @@ fn main() {
                 ("stale", &stale),
             ] {
                 println!(
-                    "  {name:<15} {concurrency:>4} {:>9.0} {:>8} {:>8}   {:>5.2}   {:>5.2}   {:>5.1}   {:>5.2}",
+                    "  {name:<15} {concurrency:>4} {:>9.0} {:>8} {:>8}   {:>5.2}   {:>5.2}   {:>5.1}   {:>5.2}  {:>5.3}",
                     s.per_second,
                     s.p50.as_micros(),
                     s.p99.as_micros(),
                     s.per_second / baseline.per_second,
                     s.per_second / floor.per_second,
                     s.statements,
-                    s.fsyncs
+                    s.fsyncs,
+                    s.pings
                 );
             }
             if concurrency == 1 {

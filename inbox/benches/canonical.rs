@@ -14,38 +14,42 @@ use std::time::{Duration, Instant};
 use criterion::{criterion_group, Criterion, Throughput};
 use result_inbox::QueueId;
 
-/// A task event of about `target` bytes.
-fn event(target: usize) -> Vec<u8> {
-    let mut items = Vec::new();
-    let mut i = 0u64;
-    let mut size = 0;
-    while size < target.saturating_sub(400) {
-        let item = format!(
-            r#"{{"sku":"SKU-{i:06}","name":"Widget \"{i}\" – größe {i} 组件","qty":{q},"price":{p}.{c:02}0,"total":123456789012345678901234567{d:03},"ratio":{i}.5e-3,"tags":["a\\tb","c/d","é😀"],"ok":{ok},"note":null,"dims":{{"w":{w},"h":{h},"unit":"mm"}}}}"#,
-            q = i % 17 + 1,
-            p = i % 997,
-            c = i % 100,
-            d = i % 1000,
-            ok = i % 2 == 0,
-            w = i * 3,
-            h = i * 7
-        );
-        size += item.len() + 1;
-        items.push(item);
-        i += 1;
+#[path = "support/events.rs"]
+mod events;
+use events::{event, SIZES};
+
+/// Counts every allocation and reallocation the process makes, so that the summary can say
+/// how many one canonicalisation costs.
+struct Counting;
+
+static ALLOCATIONS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+// SAFETY: every call is passed on unchanged to the system allocator; only a counter is added.
+unsafe impl std::alloc::GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        // SAFETY: the caller's contract for `alloc` is the system allocator's.
+        unsafe { std::alloc::System.alloc(layout) }
     }
-    let body = format!(
-        r#"{{ "type": "task.succeeded", "id": "evt-bench", "namespace": "default", "queue_id": "inbox-demo",
-  "task_id": "task-bench", "task_version": 7, "state": "SUCCEEDED", "occurred_at": "2026-12-02T22:17:05.123456+08:00",
-  "result": {{ "order": {{ "items": [{}], "currency": "EUR", "customer": {{ "id": 42, "name": "Zoë" }} }} }} }}"#,
-        items.join(",")
-    );
-    assert!(
-        body.len() <= result_inbox::canonical::MAX_EVENT_BYTES,
-        "{}",
-        body.len()
-    );
-    body.into_bytes()
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: std::alloc::Layout) {
+        // SAFETY: `ptr` came from the system allocator with this layout.
+        unsafe { std::alloc::System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: std::alloc::Layout, new_size: usize) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        // SAFETY: `ptr` came from the system allocator with this layout.
+        unsafe { std::alloc::System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static COUNTING: Counting = Counting;
+
+/// Allocations (and reallocations) one call of `f` makes.
+fn allocations(f: impl Fn()) -> u64 {
+    let before = ALLOCATIONS.load(std::sync::atomic::Ordering::Relaxed);
+    f();
+    ALLOCATIONS.load(std::sync::atomic::Ordering::Relaxed) - before
 }
 
 fn ours(raw: &[u8], queue: &QueueId) {
@@ -76,8 +80,6 @@ const CANDIDATES: [Candidate; 4] = [
     ("serde_json IgnoredAny", |r, _| serde_ignored(r)),
     ("serde_jcs from Value", |r, _| jcs(r)),
 ];
-
-const SIZES: [(&str, usize); 3] = [("1KiB", 1024), ("64KiB", 64 * 1024), ("512KiB", 510 * 1024)];
 
 fn canonical(c: &mut Criterion) {
     let queue = QueueId::new("inbox-demo").unwrap();
@@ -127,7 +129,16 @@ fn summary(queue: &QueueId) {
             mbs(total[3]),
             ours / mbs(total[3]),
         );
+        println!(
+            "  {label}: allocations per event: ours {} (target at most 8); serde_json Value {}",
+            allocations(|| ours_once(&raw, queue)),
+            allocations(|| serde_value(&raw)),
+        );
     }
+}
+
+fn ours_once(raw: &[u8], queue: &QueueId) {
+    ours(raw, queue)
 }
 
 criterion_group!(benches, canonical);

@@ -163,41 +163,34 @@ impl fmt::Display for Digest {
     }
 }
 
-/// A parsed JSON value. Strings borrow from the input unless they contained escapes; numbers
-/// are always the exact input text.
+/// A top-level JSON object in canonical form: its canonical bytes, written in one pass from the
+/// input, and where each top-level member lies in them.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Value<'a> {
+pub struct Document {
+    canonical: Vec<u8>,
+    /// The top-level members in canonical order.
+    members: Vec<Slot>,
+}
+
+/// A top-level member's value, read from the canonical bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Member<'d> {
     Null,
     Bool(bool),
     /// The number exactly as written (`1E+2`, `-0`, `1.50`, any number of digits).
-    Number(&'a str),
-    String(Cow<'a, str>),
-    Array(Vec<Value<'a>>),
-    /// Members already in canonical order (UTF-16 code units of the names), no duplicates.
-    Object(Vec<(Cow<'a, str>, Value<'a>)>),
+    Number(&'d str),
+    /// The string's text, unescaped (borrowed unless it held a character that needs escaping).
+    String(Cow<'d, str>),
+    /// An array's canonical bytes.
+    Array(&'d [u8]),
+    /// An object's canonical bytes.
+    Object(&'d [u8]),
 }
 
-impl<'a> Value<'a> {
-    /// The canonical bytes of this value alone.
-    pub fn to_canonical(&self) -> Vec<u8> {
-        let mut out = Vec::new();
-        write_value(self, &mut out);
-        out
-    }
-}
-
-/// A top-level JSON object in canonical order, with its timestamp members normalised.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Document<'a> {
-    members: Vec<(Cow<'a, str>, Value<'a>)>,
-    /// The input's length: the canonical form is never longer.
-    source_len: usize,
-}
-
-impl<'a> Document<'a> {
-    /// Reads `raw` strictly: size, encoding, grammar, duplicates, depth, top-level object, and
-    /// the timestamp members.
-    pub fn parse(raw: &'a [u8]) -> Result<Self, CanonError> {
+impl Document {
+    /// Reads `raw` strictly (size, encoding, grammar, duplicates, depth, top-level object, the
+    /// timestamp members) and writes its canonical bytes on the way.
+    pub fn parse(raw: &[u8]) -> Result<Self, CanonError> {
         if raw.len() > MAX_EVENT_BYTES {
             return Err(CanonError::new(
                 CanonErrorKind::TooLarge,
@@ -214,106 +207,94 @@ impl<'a> Document<'a> {
                 0,
             ));
         }
-        let text = std::str::from_utf8(raw).map_err(|e| {
-            CanonError::at(
+        if let Err(e) = std::str::from_utf8(raw) {
+            return Err(CanonError::at(
                 CanonErrorKind::InvalidUtf8,
                 "ill-formed UTF-8",
                 e.valid_up_to(),
-            )
-        })?;
-        let mut parser = Parser {
-            text,
+            ));
+        }
+        let mut w = Writer {
             bytes: raw,
             pos: 0,
+            pending: 0,
+            // Never longer than the input, except where a timestamp grows to its UTC form.
+            out: Vec::with_capacity(raw.len() + 16),
+            slots: Vec::with_capacity(32),
+            scratch: Vec::new(),
+            timestamp_error: None,
         };
-        parser.skip_ws();
-        let start = parser.pos;
-        let top = parser.value(0)?;
-        parser.skip_ws();
-        if parser.pos != raw.len() {
+        w.skip_ws();
+        let start = w.pos;
+        let top = w.value(0, true)?;
+        w.flush();
+        w.skip_ws();
+        if w.pos != raw.len() {
             return Err(CanonError::at(
                 CanonErrorKind::InvalidJson,
                 "unexpected data after the top-level value",
-                parser.pos,
+                w.pos,
             ));
         }
-        let mut members = match top {
-            Value::Object(members) => members,
-            _ => {
-                return Err(CanonError::at(
-                    CanonErrorKind::NotObject,
-                    "the top-level value is not an object",
-                    start,
-                ))
-            }
-        };
-        for (name, value) in members.iter_mut() {
-            if TIMESTAMP_MEMBERS.contains(&name.as_ref()) {
-                let normalised = match value {
-                    Value::String(s) => timestamp::normalize_rfc3339(s),
-                    _ => None,
-                };
-                let Some(utc) = normalised else {
-                    return Err(CanonError::new(
-                        CanonErrorKind::InvalidTimestamp,
-                        format!("`{name}` {NOT_A_TIMESTAMP}"),
-                    ));
-                };
-                *value = Value::String(Cow::Owned(utc));
-            }
+        if top != Kind::Object {
+            return Err(CanonError::at(
+                CanonErrorKind::NotObject,
+                "the top-level value is not an object",
+                start,
+            ));
+        }
+        if let Some(e) = w.timestamp_error {
+            return Err(e);
         }
         Ok(Document {
-            members,
-            source_len: raw.len(),
+            canonical: w.out,
+            members: w.slots,
         })
     }
 
     /// The value of a top-level member.
-    pub fn get(&self, name: &str) -> Option<&Value<'a>> {
+    pub fn get(&self, name: &str) -> Option<Member<'_>> {
+        let slot = self.find(name)?;
+        let value = &self.canonical[slot.value()];
+        Some(match value[0] {
+            b'n' => Member::Null,
+            b't' => Member::Bool(true),
+            b'f' => Member::Bool(false),
+            b'"' => Member::String(unescape(&value[1..value.len() - 1])),
+            b'[' => Member::Array(value),
+            b'{' => Member::Object(value),
+            // Only the number grammar's bytes, which are ASCII.
+            _ => Member::Number(std::str::from_utf8(value).unwrap_or_default()),
+        })
+    }
+
+    /// Where the value of the top-level member `name` lies in [`Document::canonical`].
+    pub fn span(&self, name: &str) -> Option<std::ops::Range<usize>> {
+        self.find(name).map(Slot::value)
+    }
+
+    fn find(&self, name: &str) -> Option<Slot> {
+        // Member names are written escaped; a name a caller asks for has nothing to escape.
         self.members
             .iter()
-            .find(|(n, _)| n.as_ref() == name)
-            .map(|(_, v)| v)
+            .copied()
+            .find(|s| &self.canonical[s.name_text()] == name.as_bytes())
     }
 
     /// The canonical bytes of the whole document.
-    pub fn to_canonical(&self) -> Vec<u8> {
-        self.to_canonical_with_span(None).0
+    pub fn canonical(&self) -> &[u8] {
+        &self.canonical
     }
 
-    /// The canonical bytes of the whole document, and where in them the value of the top-level
-    /// member `member` lies (so a caller needs no second serialisation of it).
-    pub fn to_canonical_with_span(
-        &self,
-        member: Option<&str>,
-    ) -> (Vec<u8>, Option<std::ops::Range<usize>>) {
-        let mut out = Vec::with_capacity(self.size_hint());
-        let mut span = None;
-        out.push(b'{');
-        for (i, (name, value)) in self.members.iter().enumerate() {
-            if i > 0 {
-                out.push(b',');
-            }
-            write_string(name, &mut out);
-            out.push(b':');
-            let start = out.len();
-            write_value(value, &mut out);
-            if member == Some(name.as_ref()) {
-                span = Some(start..out.len());
-            }
-        }
-        out.push(b'}');
-        (out, span)
-    }
-
-    fn size_hint(&self) -> usize {
-        self.source_len
+    /// The canonical bytes, owned.
+    pub fn into_canonical(self) -> Vec<u8> {
+        self.canonical
     }
 }
 
 /// The canonical bytes of `raw` and their digest.
 pub fn canonicalize(raw: &[u8]) -> Result<(Vec<u8>, Digest), CanonError> {
-    let bytes = Document::parse(raw)?.to_canonical();
+    let bytes = Document::parse(raw)?.into_canonical();
     let digest = Digest::of(&bytes);
     Ok((bytes, digest))
 }
@@ -321,7 +302,11 @@ pub fn canonicalize(raw: &[u8]) -> Result<(Vec<u8>, Digest), CanonError> {
 /// Orders member names by their UTF-16 code units, as RFC 8785 does. This differs from byte
 /// order only where a character above U+FFFF meets one in U+E000..U+FFFF.
 pub fn utf16_order(a: &str, b: &str) -> Ordering {
-    let (x, y) = (a.as_bytes(), b.as_bytes());
+    utf16_order_bytes(a.as_bytes(), b.as_bytes())
+}
+
+/// [`utf16_order`] on UTF-8 bytes.
+fn utf16_order_bytes(x: &[u8], y: &[u8]) -> Ordering {
     // UTF-8 byte order is code-point order; it differs from UTF-16 order only where a
     // character above U+FFFF (lead byte F0–F4, a surrogate pair in UTF-16) meets one in
     // U+E000–U+FFFF (lead byte EE or EF): the former sorts first in UTF-16.
@@ -347,16 +332,162 @@ pub fn utf16_order(a: &str, b: &str) -> Ordering {
     }
 }
 
-struct Parser<'a> {
-    text: &'a str,
-    bytes: &'a [u8],
-    pos: usize,
+/// One object member as written: `"name":value` at `name..end` of the output, the name's
+/// closing quote at `colon - 1`. `key` is the name's first eight bytes, big-endian, zero-padded;
+/// `plain` says the name holds no escape and no byte at or above 0xEE, so that its canonical
+/// order is its byte order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Slot {
+    key: u64,
+    name: u32,
+    colon: u32,
+    end: u32,
+    plain: bool,
 }
 
-impl<'a> Parser<'a> {
+impl Slot {
+    /// The name's canonical text, between its quotes.
+    fn name_text(self) -> std::ops::Range<usize> {
+        self.name as usize + 1..self.colon as usize - 1
+    }
+
+    fn value(self) -> std::ops::Range<usize> {
+        self.colon as usize + 1..self.end as usize
+    }
+
+    fn bytes(self) -> std::ops::Range<usize> {
+        self.name as usize..self.end as usize
+    }
+}
+
+/// What [`Writer::string`] wrote: whether its canonical form holds an escape, and whether
+/// the input held one (so that its input bytes are not its canonical bytes).
+#[derive(Debug, Clone, Copy)]
+struct Written {
+    escape: bool,
+    rewritten: bool,
+}
+
+/// What kind of value was written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Object,
+    Other,
+}
+
+/// The single-pass reader and writer: it checks the input as it goes and produces canonical
+/// bytes. Wherever the canonical bytes are the input's own (everything but whitespace between
+/// tokens, escapes written another way, member order and timestamps), nothing is copied as it
+/// is read: `input[pending..pos]` is owed to `out` and goes in one copy when something else
+/// must be written. An object's members are recorded as spans; when their input order is not
+/// canonical, the object's bytes are moved once into order when it closes.
+struct Writer<'a> {
+    bytes: &'a [u8],
+    pos: usize,
+    /// The input from here to `pos` is the next output.
+    pending: usize,
+    out: Vec<u8>,
+    /// The members of every object still open, innermost last.
+    slots: Vec<Slot>,
+    /// Where an object's bytes wait while they are written back in order.
+    scratch: Vec<u8>,
+    /// Why a top-level timestamp member is not one, reported once the whole input is read.
+    timestamp_error: Option<CanonError>,
+}
+
+const HEX: &[u8; 16] = b"0123456789abcdef";
+
+/// The canonical escape's second byte for `b`, or 0 for a control written as `\u00hh`; `None`
+/// when `b` is written as itself.
+fn escape_of(b: u8) -> Option<u8> {
+    match b {
+        b'"' => Some(b'"'),
+        b'\\' => Some(b'\\'),
+        0x08 => Some(b'b'),
+        0x09 => Some(b't'),
+        0x0a => Some(b'n'),
+        0x0c => Some(b'f'),
+        0x0d => Some(b'r'),
+        0x00..=0x1f => Some(0),
+        _ => None,
+    }
+}
+
+/// The text of a canonical string's body: its escapes undone.
+fn unescape(body: &[u8]) -> Cow<'_, str> {
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    if !body.contains(&b'\\') {
+        return match std::str::from_utf8(body) {
+            Ok(s) => Cow::Borrowed(s),
+            Err(_) => Cow::Owned(text(body)),
+        };
+    }
+    Cow::Owned(text(&unescape_bytes(body)))
+}
+
+/// The bytes of a canonical string's body with its escapes undone (each is one ASCII byte).
+fn unescape_bytes(body: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(body.len());
+    let mut i = 0;
+    while i < body.len() {
+        if body[i] != b'\\' {
+            out.push(body[i]);
+            i += 1;
+            continue;
+        }
+        let (b, len) = match body.get(i + 1) {
+            Some(b'b') => (0x08, 2),
+            Some(b't') => (0x09, 2),
+            Some(b'n') => (0x0a, 2),
+            Some(b'f') => (0x0c, 2),
+            Some(b'r') => (0x0d, 2),
+            Some(b'u') => {
+                let hex = |c: u8| HEX.iter().position(|h| *h == c).unwrap_or(0) as u8;
+                let (hi, lo) = (body[i + 4], body[i + 5]);
+                ((hex(hi) << 4) | hex(lo), 6)
+            }
+            Some(&other) => (other, 2),
+            None => (b'\\', 1),
+        };
+        out.push(b);
+        i += len;
+    }
+    out
+}
+
+/// Whether any byte of `word` (eight input bytes) ends a run of a string: `"`, `\` or a
+/// control character. The classic zero-byte test, on the word xor-ed with each stop byte.
+fn stops_in(word: u64) -> bool {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGHS: u64 = 0x8080_8080_8080_8080;
+    let zero = |x: u64| x.wrapping_sub(ONES) & !x & HIGHS;
+    let quote = zero(word ^ (ONES * u64::from(b'"')));
+    let backslash = zero(word ^ (ONES * u64::from(b'\\')));
+    // A byte below 0x20 (its high bit clear, and subtracting 0x20 borrows).
+    let control = word.wrapping_sub(ONES * 0x20) & !word & HIGHS;
+    quote | backslash | control != 0
+}
+
+impl<'a> Writer<'a> {
+    /// Where the next output byte goes.
+    fn out_len(&self) -> usize {
+        self.out.len() + (self.pos - self.pending)
+    }
+
+    /// Pays what is owed: the input since `pending` goes to `out`.
+    fn flush(&mut self) {
+        self.out
+            .extend_from_slice(&self.bytes[self.pending..self.pos]);
+        self.pending = self.pos;
+    }
+
     fn skip_ws(&mut self) {
-        while let Some(b' ' | b'\t' | b'\n' | b'\r') = self.bytes.get(self.pos) {
-            self.pos += 1;
+        if let Some(b' ' | b'\t' | b'\n' | b'\r') = self.bytes.get(self.pos) {
+            self.flush();
+            while let Some(b' ' | b'\t' | b'\n' | b'\r') = self.bytes.get(self.pos) {
+                self.pos += 1;
+            }
+            self.pending = self.pos;
         }
     }
 
@@ -365,17 +496,18 @@ impl<'a> Parser<'a> {
     }
 
     /// One value. `depth` is the number of containers already open around it; recursion is
-    /// bounded by [`MAX_DEPTH`], so a deeply nested input cannot exhaust the stack.
-    fn value(&mut self, depth: usize) -> Result<Value<'a>, CanonError> {
+    /// bounded by [`MAX_DEPTH`], so a deeply nested input cannot exhaust the stack. `top`
+    /// marks the document's own value.
+    fn value(&mut self, depth: usize, top: bool) -> Result<Kind, CanonError> {
         match self.bytes.get(self.pos) {
             None => Err(self.invalid("unexpected end of input")),
-            Some(b'{') => self.object(depth + 1),
-            Some(b'[') => self.array(depth + 1),
-            Some(b'"') => Ok(Value::String(self.string()?)),
-            Some(b'-' | b'0'..=b'9') => self.number(),
-            Some(b't') => self.literal("true", Value::Bool(true)),
-            Some(b'f') => self.literal("false", Value::Bool(false)),
-            Some(b'n') => self.literal("null", Value::Null),
+            Some(b'{') => self.object(depth + 1, top).map(|()| Kind::Object),
+            Some(b'[') => self.array(depth + 1).map(|()| Kind::Other),
+            Some(b'"') => self.string().map(|_| Kind::Other),
+            Some(b'-' | b'0'..=b'9') => self.number().map(|()| Kind::Other),
+            Some(b't') => self.literal("true"),
+            Some(b'f') => self.literal("false"),
+            Some(b'n') => self.literal("null"),
             Some(_) => Err(self.invalid("unexpected character")),
         }
     }
@@ -392,39 +524,69 @@ impl<'a> Parser<'a> {
         }
     }
 
-    fn literal(&mut self, word: &'static str, v: Value<'a>) -> Result<Value<'a>, CanonError> {
+    fn literal(&mut self, word: &'static str) -> Result<Kind, CanonError> {
         if self.bytes[self.pos..].starts_with(word.as_bytes()) {
             self.pos += word.len();
-            Ok(v)
+            Ok(Kind::Other)
         } else {
             Err(self.invalid("unexpected character"))
         }
     }
 
-    fn object(&mut self, depth: usize) -> Result<Value<'a>, CanonError> {
+    fn object(&mut self, depth: usize, top: bool) -> Result<(), CanonError> {
         self.enter(depth)?;
         let open = self.pos;
+        let start = self.out_len();
         self.pos += 1;
-        let mut members: Vec<(Cow<'a, str>, Value<'a>)> = Vec::new();
+        let first = self.slots.len();
         self.skip_ws();
         if self.bytes.get(self.pos) == Some(&b'}') {
             self.pos += 1;
-            return Ok(Value::Object(members));
+            return Ok(());
         }
         loop {
             self.skip_ws();
             if self.bytes.get(self.pos) != Some(&b'"') {
                 return Err(self.invalid("expected a member name"));
             }
-            let name = self.string()?;
+            let name = self.out_len();
+            let name_at = self.pos;
+            let written = self.string()?;
+            let colon = self.out_len();
+            // The key and the plain flag, from the name's canonical bytes: its input bytes
+            // when it held no escape, else what was written.
+            if written.rewritten {
+                // Paid now, so that the name lies wholly in `out` (see `view`).
+                self.flush();
+            }
+            let (key, plain) = if written.escape {
+                (0, false)
+            } else {
+                let body = if written.rewritten {
+                    &self.out[name + 1..colon - 1]
+                } else {
+                    &self.bytes[name_at + 1..self.pos - 1]
+                };
+                let mut k = [0u8; 8];
+                let n = body.len().min(8);
+                k[..n].copy_from_slice(&body[..n]);
+                (u64::from_be_bytes(k), body.iter().all(|b| *b < 0xEE))
+            };
             self.skip_ws();
             if self.bytes.get(self.pos) != Some(&b':') {
                 return Err(self.invalid("expected `:`"));
             }
             self.pos += 1;
             self.skip_ws();
-            let value = self.value(depth)?;
-            members.push((name, value));
+            self.value(depth, false)?;
+            // MAX_EVENT_BYTES keeps every offset far below u32::MAX.
+            self.slots.push(Slot {
+                key,
+                name: name as u32,
+                colon: colon as u32,
+                end: self.out_len() as u32,
+                plain,
+            });
             self.skip_ws();
             match self.bytes.get(self.pos) {
                 Some(b',') => self.pos += 1,
@@ -435,40 +597,198 @@ impl<'a> Parser<'a> {
                 _ => return Err(self.invalid("expected `,` or `}`")),
             }
         }
-        members.sort_by(|a, b| utf16_order(&a.0, &b.0));
-        if members.windows(2).any(|w| w[0].0 == w[1].0) {
-            return Err(CanonError::at(
-                CanonErrorKind::DuplicateKey,
-                "duplicate member name in the object starting",
-                open,
-            ));
+        self.close(start, first, open, top)?;
+        if !top {
+            self.slots.truncate(first);
         }
-        Ok(Value::Object(members))
+        Ok(())
     }
 
-    fn array(&mut self, depth: usize) -> Result<Value<'a>, CanonError> {
+    /// The output bytes at `r`: already in `out`, or still owed (a range of the input). A
+    /// name is always wholly one or the other: a name with an escape is paid for when it ends.
+    fn view(&self, r: std::ops::Range<usize>) -> &[u8] {
+        let written = self.out.len();
+        if r.start >= written {
+            let shift = self.pending - written;
+            &self.bytes[r.start + shift..r.end + shift]
+        } else {
+            &self.out[r]
+        }
+    }
+
+    /// Canonical order of two members' names.
+    fn name_order(&self, a: Slot, b: Slot) -> Ordering {
+        if a.plain && b.plain {
+            // Byte order, which the keys decide unless the first eight bytes are equal.
+            return a
+                .key
+                .cmp(&b.key)
+                .then_with(|| self.view(a.name_text()).cmp(self.view(b.name_text())));
+        }
+        let (x, y) = (self.view(a.name_text()), self.view(b.name_text()));
+        utf16_order_bytes(&unescape_bytes(x), &unescape_bytes(y))
+    }
+
+    /// Puts the members of the object written at `start` (slots from `first` on) into
+    /// canonical order, refusing duplicate names; at the top level, also normalises the
+    /// timestamp members and leaves the slots where the members now are.
+    fn close(
+        &mut self,
+        start: usize,
+        first: usize,
+        open: usize,
+        top: bool,
+    ) -> Result<(), CanonError> {
+        let ordered = self.slots[first..]
+            .windows(2)
+            .all(|w| self.name_order(w[0], w[1]) == Ordering::Less);
+        if !ordered {
+            let mut members = std::mem::take(&mut self.slots);
+            let short = members[first..]
+                .iter()
+                .all(|s| s.plain && s.colon - s.name <= 10);
+            if short {
+                // Names of at most eight bytes, none zero: the key is the whole name.
+                members[first..].sort_unstable_by_key(|s| s.key);
+            } else {
+                members[first..].sort_unstable_by(|a, b| self.name_order(*a, *b));
+            }
+            let duplicate = members[first..]
+                .windows(2)
+                .any(|w| self.view(w[0].name_text()) == self.view(w[1].name_text()));
+            self.slots = members;
+            if duplicate {
+                return Err(CanonError::at(
+                    CanonErrorKind::DuplicateKey,
+                    "duplicate member name in the object starting",
+                    open,
+                ));
+            }
+        }
+        let mut replace = None;
+        if top {
+            self.flush();
+            replace = self.timestamps(first);
+        }
+        if ordered && replace.is_none() {
+            return Ok(());
+        }
+        if !top && self.out.len() <= start {
+            // Nothing of the object is written yet, so its input bytes are its output bytes
+            // (no whitespace, no escape inside it): write the members in order from there.
+            let base = self.pending + (start - self.out.len());
+            self.out.extend_from_slice(&self.bytes[self.pending..base]);
+            self.out.push(b'{');
+            for i in first..self.slots.len() {
+                if i > first {
+                    self.out.push(b',');
+                }
+                let r = self.slots[i].bytes();
+                self.out
+                    .extend_from_slice(&self.bytes[r.start - start + base..r.end - start + base]);
+            }
+            self.out.push(b'}');
+            self.pending = self.pos;
+            return Ok(());
+        }
+        // Move the members into order: the object's bytes go to scratch and come back.
+        self.flush();
+        self.scratch.clear();
+        // Once, big enough for any object of this document.
+        self.scratch.reserve(self.bytes.len());
+        self.scratch.extend_from_slice(&self.out[start..]);
+        self.out.truncate(start);
+        self.out.push(b'{');
+        for i in first..self.slots.len() {
+            let slot = self.slots[i];
+            if i > first {
+                self.out.push(b',');
+            }
+            let from = slot.bytes();
+            let shift = |p: u32| p as usize - start;
+            let name = self.out.len();
+            let colon = name + (slot.colon - slot.name) as usize;
+            match &replace {
+                Some((at, utc)) if *at == i => {
+                    self.out
+                        .extend_from_slice(&self.scratch[shift(slot.name)..shift(slot.colon)]);
+                    self.out.extend_from_slice(b":\"");
+                    self.out.extend_from_slice(utc.as_bytes());
+                    self.out.push(b'"');
+                }
+                _ => self
+                    .out
+                    .extend_from_slice(&self.scratch[from.start - start..from.end - start]),
+            }
+            self.slots[i] = Slot {
+                name: name as u32,
+                colon: colon as u32,
+                end: self.out.len() as u32,
+                ..slot
+            };
+        }
+        self.out.push(b'}');
+        Ok(())
+    }
+
+    /// Checks the top-level timestamp members (slots from `first` on, in order; everything
+    /// flushed); returns the one whose value must be replaced by its UTC form, and keeps the
+    /// first failure for [`Document::parse`] to report once the whole input is read.
+    fn timestamps(&mut self, first: usize) -> Option<(usize, String)> {
+        let mut replace = None;
+        for i in first..self.slots.len() {
+            let slot = self.slots[i];
+            let name = &self.out[slot.name_text()];
+            let Some(member) = TIMESTAMP_MEMBERS.iter().find(|m| m.as_bytes() == name) else {
+                continue;
+            };
+            let value = &self.out[slot.value()];
+            // A string with nothing escaped: anything a timestamp may hold is written as itself.
+            let text = value
+                .strip_prefix(b"\"")
+                .and_then(|v| v.strip_suffix(b"\""))
+                .filter(|v| !v.contains(&b'\\'))
+                .and_then(|v| std::str::from_utf8(v).ok());
+            match text.and_then(timestamp::normalize_rfc3339) {
+                Some(utc) => {
+                    if text != Some(utc.as_str()) {
+                        replace = Some((i, utc));
+                    }
+                }
+                None => {
+                    if self.timestamp_error.is_none() {
+                        self.timestamp_error = Some(CanonError::new(
+                            CanonErrorKind::InvalidTimestamp,
+                            format!("`{member}` {NOT_A_TIMESTAMP}"),
+                        ));
+                    }
+                }
+            }
+        }
+        replace
+    }
+
+    fn array(&mut self, depth: usize) -> Result<(), CanonError> {
         self.enter(depth)?;
         self.pos += 1;
-        let mut items = Vec::new();
         self.skip_ws();
         if self.bytes.get(self.pos) == Some(&b']') {
             self.pos += 1;
-            return Ok(Value::Array(items));
+            return Ok(());
         }
         loop {
             self.skip_ws();
-            items.push(self.value(depth)?);
+            self.value(depth, false)?;
             self.skip_ws();
             match self.bytes.get(self.pos) {
                 Some(b',') => self.pos += 1,
                 Some(b']') => {
                     self.pos += 1;
-                    break;
+                    return Ok(());
                 }
                 _ => return Err(self.invalid("expected `,` or `]`")),
             }
         }
-        Ok(Value::Array(items))
     }
 
     fn digits(&mut self) -> usize {
@@ -479,8 +799,7 @@ impl<'a> Parser<'a> {
         self.pos - start
     }
 
-    fn number(&mut self) -> Result<Value<'a>, CanonError> {
-        let start = self.pos;
+    fn number(&mut self) -> Result<(), CanonError> {
         if self.bytes[self.pos] == b'-' {
             self.pos += 1;
         }
@@ -506,7 +825,7 @@ impl<'a> Parser<'a> {
                 return Err(self.invalid("malformed number"));
             }
         }
-        Ok(Value::Number(&self.text[start..self.pos]))
+        Ok(())
     }
 
     fn hex4(&mut self) -> Result<u32, CanonError> {
@@ -527,43 +846,81 @@ impl<'a> Parser<'a> {
         Ok(v)
     }
 
-    /// A string starting at the opening quote. Borrowed when it holds no escapes.
-    fn string(&mut self) -> Result<Cow<'a, str>, CanonError> {
-        self.pos += 1;
-        let start = self.pos;
-        // Fast path: scan to the closing quote; stop at the first escape.
-        loop {
-            match self.bytes.get(self.pos) {
-                None => return Err(self.invalid("unterminated string")),
-                Some(b'"') => {
-                    let s = &self.text[start..self.pos];
-                    self.pos += 1;
-                    return Ok(Cow::Borrowed(s));
+    /// Appends `c` as RFC 8785 writes it: `\"`, `\\`, the five short control escapes, other
+    /// controls as `\u00hh` in lowercase hex, everything else as raw UTF-8 (`/`, U+007F and
+    /// U+2028 included). Returns whether it wrote an escape. Everything owed is paid first.
+    fn push_char(&mut self, c: char) -> bool {
+        let code = c as u32;
+        if code < 0x80 {
+            let b = code as u8;
+            match escape_of(b) {
+                Some(0) => {
+                    self.out.extend_from_slice(&[
+                        b'\\',
+                        b'u',
+                        b'0',
+                        b'0',
+                        HEX[usize::from(b >> 4)],
+                        HEX[usize::from(b & 0xf)],
+                    ]);
+                    true
                 }
-                Some(b'\\') => break,
-                Some(0x00..=0x1f) => return Err(self.invalid("raw control character in string")),
-                Some(_) => self.pos += 1,
+                Some(short) => {
+                    self.out.extend_from_slice(&[b'\\', short]);
+                    true
+                }
+                None => {
+                    self.out.push(b);
+                    false
+                }
             }
+        } else {
+            let mut buf = [0u8; 4];
+            self.out
+                .extend_from_slice(c.encode_utf8(&mut buf).as_bytes());
+            false
         }
-        let mut out = String::with_capacity(self.pos - start + 16);
-        out.push_str(&self.text[start..self.pos]);
-        loop {
-            let run = self.pos;
-            while let Some(&b) = self.bytes.get(self.pos) {
-                if b == b'"' || b == b'\\' || b < 0x20 {
-                    break;
-                }
-                self.pos += 1;
+    }
+
+    /// Moves `pos` past the bytes of a string that are written as themselves: up to the next
+    /// `"`, `\` or control character (or the end), eight at a time where it can.
+    fn run(&mut self) {
+        let bytes = self.bytes;
+        while let Some(chunk) = bytes.get(self.pos..self.pos + 8) {
+            let word = u64::from_le_bytes(chunk.try_into().expect("eight bytes"));
+            if stops_in(word) {
+                break;
             }
-            out.push_str(&self.text[run..self.pos]);
+            self.pos += 8;
+        }
+        while let Some(&b) = bytes.get(self.pos) {
+            if b == b'"' || b == b'\\' || b < 0x20 {
+                break;
+            }
+            self.pos += 1;
+        }
+    }
+
+    /// A string starting at its opening quote, written canonically. Runs without escapes
+    /// stay owed, not copied.
+    fn string(&mut self) -> Result<Written, CanonError> {
+        self.pos += 1;
+        let mut escaped = false;
+        let mut rewritten = false;
+        loop {
+            self.run();
             match self.bytes.get(self.pos) {
                 None => return Err(self.invalid("unterminated string")),
                 Some(b'"') => {
                     self.pos += 1;
-                    return Ok(Cow::Owned(out));
+                    return Ok(Written {
+                        escape: escaped,
+                        rewritten,
+                    });
                 }
                 Some(b'\\') => {
                     let escape_at = self.pos;
+                    rewritten = true;
                     self.pos += 1;
                     let c = match self.bytes.get(self.pos) {
                         Some(b'"') => '"',
@@ -577,17 +934,26 @@ impl<'a> Parser<'a> {
                         Some(b'u') => {
                             self.pos += 1;
                             let c = self.unicode_escape(escape_at)?;
-                            out.push(c);
+                            self.write_escape(escape_at, c, &mut escaped);
                             continue;
                         }
                         _ => return Err(self.invalid("unknown escape")),
                     };
                     self.pos += 1;
-                    out.push(c);
+                    self.write_escape(escape_at, c, &mut escaped);
                 }
                 Some(_) => return Err(self.invalid("raw control character in string")),
             }
         }
+    }
+
+    /// The escape at `escape_at..pos` stands for `c`: pay what is owed before it, write `c`'s
+    /// canonical form, and owe from after it.
+    fn write_escape(&mut self, escape_at: usize, c: char, escaped: &mut bool) {
+        self.out
+            .extend_from_slice(&self.bytes[self.pending..escape_at]);
+        *escaped |= self.push_char(c);
+        self.pending = self.pos;
     }
 
     /// The character of a `\uXXXX` escape (the `\u` already consumed), joining a surrogate
@@ -615,77 +981,7 @@ impl<'a> Parser<'a> {
     }
 }
 
-fn write_value(v: &Value<'_>, out: &mut Vec<u8>) {
-    match v {
-        Value::Null => out.extend_from_slice(b"null"),
-        Value::Bool(true) => out.extend_from_slice(b"true"),
-        Value::Bool(false) => out.extend_from_slice(b"false"),
-        Value::Number(n) => out.extend_from_slice(n.as_bytes()),
-        Value::String(s) => write_string(s, out),
-        Value::Array(items) => {
-            out.push(b'[');
-            for (i, item) in items.iter().enumerate() {
-                if i > 0 {
-                    out.push(b',');
-                }
-                write_value(item, out);
-            }
-            out.push(b']');
-        }
-        Value::Object(members) => write_object(members, out),
-    }
-}
-
-fn write_object(members: &[(Cow<'_, str>, Value<'_>)], out: &mut Vec<u8>) {
-    out.push(b'{');
-    for (i, (name, value)) in members.iter().enumerate() {
-        if i > 0 {
-            out.push(b',');
-        }
-        write_string(name, out);
-        out.push(b':');
-        write_value(value, out);
-    }
-    out.push(b'}');
-}
-
-/// RFC 8785 string escaping: `\"`, `\\`, the five short control escapes, other controls as
-/// `\u00hh` in lowercase hex, everything else as raw UTF-8 (`/`, U+007F, U+2028 included).
-fn write_string(s: &str, out: &mut Vec<u8>) {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    out.push(b'"');
-    let bytes = s.as_bytes();
-    let mut run = 0;
-    for (i, &b) in bytes.iter().enumerate() {
-        let short = match b {
-            b'"' => b'"',
-            b'\\' => b'\\',
-            0x08 => b'b',
-            0x09 => b't',
-            0x0a => b'n',
-            0x0c => b'f',
-            0x0d => b'r',
-            0x00..=0x1f => 0,
-            _ => continue,
-        };
-        out.extend_from_slice(&bytes[run..i]);
-        run = i + 1;
-        if short != 0 {
-            out.extend_from_slice(&[b'\\', short]);
-        } else {
-            out.extend_from_slice(&[
-                b'\\',
-                b'u',
-                b'0',
-                b'0',
-                HEX[usize::from(b >> 4)],
-                HEX[usize::from(b & 0xf)],
-            ]);
-        }
-    }
-    out.extend_from_slice(&bytes[run..]);
-    out.push(b'"');
-}
-
+#[cfg(test)]
+mod previous;
 #[cfg(test)]
 mod tests;

@@ -7,7 +7,9 @@
 
 use std::fmt;
 
-use crate::canonical::{CanonError, CanonErrorKind, Digest, Document, Value};
+use std::borrow::Cow;
+
+use crate::canonical::{CanonError, CanonErrorKind, Digest, Document, Member};
 use crate::identity::{EventId, QueueId, TaskId};
 
 /// A task's state as the platform reports it. `NeedsReview` is its own state: a task that a
@@ -168,15 +170,16 @@ pub struct TaskEvent {
     task: TaskId,
     version: u64,
     state: TaskState,
-    result: Option<Vec<u8>>,
+    /// Where the `result` lies in `canonical`.
+    result: Option<std::ops::Range<usize>>,
     canonical: Vec<u8>,
     digest: Digest,
 }
 
-fn string_member<'d>(doc: &'d Document<'_>, name: &'static str) -> Result<&'d str, Rejection> {
+fn string_member<'d>(doc: &'d Document, name: &'static str) -> Result<Cow<'d, str>, Rejection> {
     match doc.get(name) {
         None => Err(Rejection::MissingField(name)),
-        Some(Value::String(s)) => Ok(s),
+        Some(Member::String(s)) => Ok(s),
         Some(_) => Err(Rejection::InvalidField(name, "must be a string".into())),
     }
 }
@@ -187,7 +190,7 @@ impl TaskEvent {
     pub fn parse(raw: &[u8], queue: &QueueId) -> Result<Self, Rejection> {
         let doc = Document::parse(raw)?;
 
-        let id = EventId::new(string_member(&doc, "id")?)
+        let id = EventId::new(string_member(&doc, "id")?.into_owned())
             .map_err(|e| Rejection::InvalidField("id", e.to_string()))?;
         let type_text = string_member(&doc, "type")?;
         let namespace = string_member(&doc, "namespace")?;
@@ -195,38 +198,38 @@ impl TaskEvent {
             return Err(Rejection::InvalidField("namespace", "is empty".into()));
         }
         let queue_text = string_member(&doc, "queue_id")?;
-        let task = TaskId::new(string_member(&doc, "task_id")?)
+        let task = TaskId::new(string_member(&doc, "task_id")?.into_owned())
             .map_err(|e| Rejection::InvalidField("task_id", e.to_string()))?;
         // Presence only: the canonical form already checked and normalised it.
         string_member(&doc, "occurred_at")?;
         let version = match doc.get("task_version") {
             None => return Err(Rejection::MissingField("task_version")),
-            Some(Value::Number(n)) => parse_version(n).ok_or(Rejection::InvalidVersion)?,
+            Some(Member::Number(n)) => parse_version(n).ok_or(Rejection::InvalidVersion)?,
             Some(_) => return Err(Rejection::InvalidVersion),
         };
         let state_text = string_member(&doc, "state")?;
 
-        if queue_text != queue.as_str() {
+        if *queue_text != *queue.as_str() {
             return Err(Rejection::QueueMismatch);
         }
         let (event_type, required) = EVENT_TYPES
             .iter()
-            .find(|(t, _)| *t == type_text)
+            .find(|(t, _)| *t == type_text.as_ref())
             .copied()
             .ok_or(Rejection::UnknownType)?;
-        let state = TaskState::parse(state_text)
+        let state = TaskState::parse(&state_text)
             .filter(|s| *s == required)
             .ok_or(Rejection::StateMismatch { event_type })?;
         // `"result": null` means no result, exactly like an absent member.
         let has_result = match doc.get("result") {
-            None | Some(Value::Null) => false,
+            None | Some(Member::Null) => false,
             Some(_) if state.allows_result() => true,
             Some(_) => return Err(Rejection::ResultNotAllowed(state)),
         };
 
-        // One serialisation: the result's canonical bytes are a slice of the event's.
-        let (canonical, span) = doc.to_canonical_with_span(has_result.then_some("result"));
-        let result = span.map(|r| canonical[r].to_vec());
+        // The result's canonical bytes are a slice of the event's, never a copy.
+        let result = if has_result { doc.span("result") } else { None };
+        let canonical = doc.into_canonical();
         let digest = Digest::of(&canonical);
         Ok(TaskEvent {
             id,
@@ -267,7 +270,7 @@ impl TaskEvent {
     }
     /// The canonical bytes of its `result`, if it has one.
     pub fn result(&self) -> Option<&[u8]> {
-        self.result.as_deref()
+        self.result.clone().map(|r| &self.canonical[r])
     }
     /// The canonical bytes of the whole event: what the inbox stores and hashes.
     pub fn canonical(&self) -> &[u8] {

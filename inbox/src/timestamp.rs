@@ -92,7 +92,11 @@ pub fn normalize_rfc3339(s: &str) -> Option<String> {
         return None;
     }
     let fraction = fraction.trim_end_matches('0');
-    let mut out = format!(
+    // One allocation: the UTC form is never longer than the input plus one byte.
+    let mut out = String::with_capacity(s.len() + 1);
+    use std::fmt::Write as _;
+    let _ = write!(
+        out,
         "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{second:02}",
         minute_of_day / 60,
         minute_of_day % 60

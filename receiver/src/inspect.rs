@@ -24,7 +24,7 @@ pub fn digest(raw: &[u8], queue: Option<&QueueId>) -> Result<(Vec<u8>, Digest), 
             .map_err(|r| r.kind()),
         None => {
             let doc = Document::parse(raw).map_err(|e| e.kind().as_str())?;
-            let bytes = doc.to_canonical();
+            let bytes = doc.into_canonical();
             let d = Digest::of(&bytes);
             Ok((bytes, d))
         }

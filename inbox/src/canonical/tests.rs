@@ -267,3 +267,196 @@ proptest! {
         prop_assert_ne!(da, db);
     }
 }
+
+/// A timestamp member's text: valid with any offset or `Z`, or near misses.
+fn gen_timestamp() -> impl Strategy<Value = String> {
+    prop_oneof![
+        "20[0-9]{2}-(0[1-9]|1[0-2])-(0[1-9]|1[0-9]|2[0-8])[Tt ](0[0-9]|1[0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,9})?([Zz]|[+-](0[0-9]|1[0-3]):[0-5][0-9])",
+        "[0-9T:.+Z-]{0,30}",
+    ]
+}
+
+/// An event-shaped document: a few known members, a timestamp, a nested result, in any order.
+fn gen_event() -> impl Strategy<Value = Gen> {
+    (
+        prop::option::of(gen_timestamp()),
+        gen_value(),
+        prop::collection::vec(("[a-z_\"\\\\\u{1}😀\u{e000}]{0,6}", gen_value()), 0..4),
+        any::<bool>(),
+    )
+        .prop_map(|(ts, result, extra, number_ts)| {
+            let mut m: Vec<(String, Gen)> = vec![
+                ("id".into(), Gen::Str("evt-1".into())),
+                ("task_version".into(), Gen::Num("3".into())),
+                ("result".into(), result),
+            ];
+            if let Some(ts) = ts {
+                let v = if number_ts {
+                    Gen::Num("20261202".into())
+                } else {
+                    Gen::Str(ts)
+                };
+                m.push(("occurred_at".into(), v));
+            }
+            for (k, v) in extra {
+                if !m.iter().any(|(n, _)| *n == k) {
+                    m.push((k, v));
+                }
+            }
+            Gen::Obj(m)
+        })
+}
+
+/// Bytes that make a rendered document wrong in every way the reader distinguishes.
+const NASTY: &[&[u8]] = &[
+    b"\"",
+    b"\\",
+    b"{",
+    b"}",
+    b"[",
+    b"]",
+    b",",
+    b":",
+    b" ",
+    b"0",
+    b"-",
+    b"e",
+    b".",
+    b"\\u",
+    b"\\ud800",
+    b"\\udc00",
+    b"\x01",
+    b"\xff",
+    b"\xc3",
+    b"\xed\xa0\x80",
+    b"\xef\xbb\xbf",
+    b"tru",
+    b"nul",
+    b",\"id\":1",
+    b"[[[[",
+];
+
+/// One edit of `raw`: a byte removed, a nasty sequence inserted or put in a byte's place, the
+/// input cut short, a member repeated, or the whole wrapped in arrays up to the depth limit.
+fn edit(raw: &[u8], how: u8, at: usize, pick: usize) -> Vec<u8> {
+    let mut v = raw.to_vec();
+    let i = if v.is_empty() { 0 } else { at % v.len() };
+    let nasty = NASTY[pick % NASTY.len()];
+    match how % 7 {
+        0 if !v.is_empty() => {
+            v.remove(i);
+        }
+        1 => {
+            v.splice(i..i, nasty.iter().copied());
+        }
+        2 if !v.is_empty() => {
+            v.splice(i..i + 1, nasty.iter().copied());
+        }
+        3 => v.truncate(i),
+        4 => {
+            // A duplicate name, also one written with an escape.
+            let dup: &[u8] = if pick % 2 == 0 {
+                b"\"id\":2,"
+            } else {
+                b"\"i\\u0064\":2,"
+            };
+            if let Some(p) = v.iter().position(|b| *b == b'{') {
+                v.splice(p + 1..p + 1, dup.iter().copied());
+            }
+        }
+        5 => {
+            let n = 125 + pick % 6;
+            let mut w = vec![b'['; n];
+            w.extend_from_slice(&v);
+            w.extend(std::iter::repeat_n(b']', n));
+            v = w;
+        }
+        _ => {}
+    }
+    v
+}
+
+/// `g` rendered (members rotated, with or without whitespace and escapes), then edited.
+fn generated(g: &Gen, rotate: usize, fancy: bool, edits: &[(u8, usize, usize)]) -> Vec<u8> {
+    let mut text = String::new();
+    render(g, rotate, fancy, &mut text);
+    let mut raw = text.into_bytes();
+    for &(how, at, pick) in edits {
+        raw = edit(&raw, how, at, pick);
+    }
+    raw
+}
+
+proptest! {
+    // On the same inputs: canonical bytes are their own canonical form and JSON to serde_json;
+    // whatever is refused is refused with an error, not a panic.
+    #[test]
+    fn canonical_bytes_are_a_fixed_point(
+        g in gen_event(),
+        rotate in 0usize..5,
+        fancy in any::<bool>(),
+        edits in prop::collection::vec((any::<u8>(), any::<usize>(), any::<usize>()), 0..3),
+    ) {
+        let raw = generated(&g, rotate, fancy, &edits);
+        if let Ok(doc) = Document::parse(&raw) {
+            let once = doc.into_canonical();
+            let twice = Document::parse(&once).map(Document::into_canonical);
+            prop_assert_eq!(twice.as_ref(), Ok(&once));
+            prop_assert!(serde_json::from_slice::<serde_json::Value>(&once).is_ok());
+        }
+    }
+
+    // The single-pass writer against the tree writer it replaced: the same bytes for every
+    // valid input and the same error (kind, place and wording) for every invalid one.
+    // `PROPTEST_CASES=300000 cargo test -p result-inbox single_pass` runs it at length.
+    #[test]
+    fn the_single_pass_writer_matches_the_tree_writer(
+        g in gen_event(),
+        rotate in 0usize..5,
+        fancy in any::<bool>(),
+        edits in prop::collection::vec((any::<u8>(), any::<usize>(), any::<usize>()), 0..3),
+    ) {
+        let raw = generated(&g, rotate, fancy, &edits);
+        let new = Document::parse(&raw).map(Document::into_canonical);
+        let old = previous::canonical(&raw);
+        prop_assert_eq!(&new, &old, "input {:?}", String::from_utf8_lossy(&raw));
+    }
+}
+
+/// The equivalence test's inputs reach every answer: valid documents (with a timestamp to
+/// normalise) and every rejection kind but `too_large`, which its own vector covers.
+#[test]
+fn the_equivalence_inputs_reach_every_answer() {
+    use proptest::strategy::ValueTree;
+    use proptest::test_runner::{Config, TestRng, TestRunner};
+    let strategy = (
+        gen_event(),
+        0usize..5,
+        any::<bool>(),
+        prop::collection::vec((any::<u8>(), any::<usize>(), any::<usize>()), 0..3),
+    );
+    let mut runner = TestRunner::new_with_rng(
+        Config::default(),
+        TestRng::deterministic_rng(proptest::test_runner::RngAlgorithm::ChaCha),
+    );
+    let mut seen = std::collections::BTreeMap::new();
+    for _ in 0..3000 {
+        let (g, rotate, fancy, edits) = strategy.new_tree(&mut runner).unwrap().current();
+        let raw = generated(&g, rotate, fancy, &edits);
+        let answer = match Document::parse(&raw) {
+            Ok(_) => "valid",
+            Err(e) => e.kind().as_str(),
+        };
+        *seen.entry(answer).or_insert(0u32) += 1;
+    }
+    for kind in CanonErrorKind::ALL {
+        if kind != CanonErrorKind::TooLarge {
+            assert!(
+                seen.contains_key(kind.as_str()),
+                "{kind} never produced: {seen:?}"
+            );
+        }
+    }
+    assert!(seen["valid"] >= 600, "too few valid inputs: {seen:?}");
+    eprintln!("answers of 3000 generated inputs: {seen:?}");
+}
