@@ -982,6 +982,4 @@ impl<'a> Writer<'a> {
 }
 
 #[cfg(test)]
-mod previous;
-#[cfg(test)]
 mod tests;
