@@ -233,9 +233,26 @@ pub enum ApplyError {
     /// The database failed; nothing was committed.
     #[error("storage_error: {0}")]
     Storage(StorageError),
-    /// The caller's own write failed; the whole transaction was rolled back.
-    #[error("write_failed: the caller's write failed, everything was rolled back: {0}")]
-    Write(WriteError),
+    /// The caller's own write failed; the whole transaction was rolled back. Its text is not
+    /// printed (a database error's message can quote the row, R-STORE-11): only its MySQL
+    /// number and SQLSTATE when it is a driver error. The error itself is the `source()`.
+    #[error("write_failed: the caller's write failed, everything was rolled back{}", write_code(.0))]
+    Write(#[source] WriteError),
+}
+
+/// ` (mysql N, SQLSTATE S)` when a caller's write failed with a driver error, else nothing.
+fn write_code(e: &WriteError) -> String {
+    match e.downcast_ref::<sqlx::Error>() {
+        Some(sqlx) => {
+            let s = StorageError::from_sqlx(sqlx);
+            match (s.number, s.sqlstate.as_deref()) {
+                (Some(n), Some(state)) => format!(" (mysql {n}, SQLSTATE {state})"),
+                (Some(n), None) => format!(" (mysql {n})"),
+                _ => format!(" ({})", s),
+            }
+        }
+        None => String::new(),
+    }
 }
 
 impl ApplyError {

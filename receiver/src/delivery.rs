@@ -110,15 +110,32 @@ impl Handled {
     }
 }
 
-/// Validates `raw` for `queue`, or says why not.
+/// What a rejected delivery's line says after the reason: the same bytes come again on every
+/// attempt, so waiting for a redelivery is pointless.
+pub const REDELIVERY_CANNOT_HELP: &str =
+    "redelivery cannot help: the event itself is refused; see README, Deliveries that can never apply";
+
+/// Validates `raw` for `queue`, or says why not (with the event id when it can be read).
 pub fn parse(raw: &[u8], queue: &QueueId) -> Result<TaskEvent, Handled> {
     TaskEvent::parse(raw, queue).map_err(|rejection| {
         Handled::without_apply(
             Classification::Rejected(rejection.kind()),
-            None,
-            rejection.to_string(),
+            readable_id(raw),
+            format!("{rejection}; {REDELIVERY_CANNOT_HELP}"),
         )
     })
+}
+
+/// The envelope's `id` of a refused event, when the event is well-formed JSON with a valid
+/// event id there (so that a log line never carries text an id may not hold).
+fn readable_id(raw: &[u8]) -> Option<String> {
+    let doc = result_inbox::canonical::Document::parse(raw).ok()?;
+    match doc.get("id")? {
+        result_inbox::canonical::Member::String(id) => result_inbox::EventId::new(id.into_owned())
+            .ok()
+            .map(|id| id.as_str().to_owned()),
+        _ => None,
+    }
 }
 
 impl Handled {
@@ -265,6 +282,23 @@ mod tests {
             .map(|h| h.classification.to_string())
             .collect();
         assert_eq!(acks, ["applied", "duplicate", "stale"]);
+    }
+
+    #[test]
+    fn a_refused_event_names_its_id_when_it_can_be_read() {
+        // Well-formed, with a valid id, refused for its type: the id is logged.
+        let h = parse(
+            br#"{"id":"evt-9","type":"task.unknown","namespace":"default","queue_id":"inbox-demo","task_id":"t","task_version":1,"state":"SUCCEEDED","occurred_at":"2026-12-02T14:17:05Z"}"#,
+            &queue(),
+        )
+        .unwrap_err();
+        assert_eq!(h.classification, Classification::Rejected("unknown_type"));
+        assert_eq!(h.event_id.as_deref(), Some("evt-9"));
+        assert!(h.detail.unwrap().ends_with(REDELIVERY_CANNOT_HELP));
+        // Not JSON, or an id that is no event id (a control character): nothing is logged.
+        for raw in [&br#"{"id":"evt-9","#[..], br#"{"id":"evtx","type":1}"#] {
+            assert_eq!(parse(raw, &queue()).unwrap_err().event_id, None);
+        }
     }
 
     #[test]

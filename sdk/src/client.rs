@@ -391,6 +391,17 @@ impl Client {
         .await
     }
 
+    /// Discards an EXPIRED delivery that can never apply: it leaves the subscription's window
+    /// as DISCARDED and is never leased again.
+    pub async fn discard_delivery(&self, id: &str) -> Result<DeliveryInfo, SdkError> {
+        self.call(
+            reqwest::Method::POST,
+            &format!("/v1/deliveries/{}/discard", seg(id)),
+            None::<&()>,
+        )
+        .await
+    }
+
     /// What this client's credential may do.
     pub async fn credential(&self) -> Result<CredentialInfo, SdkError> {
         self.call(reqwest::Method::GET, "/v1/credential", None::<&()>)

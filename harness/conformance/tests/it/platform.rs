@@ -704,3 +704,113 @@ async fn an_out_of_range_limit_is_refused_and_a_binary_frame_closes_the_stream()
         "the stream stayed open after a binary frame"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_result_no_receiver_could_accept_is_refused_at_the_report_by_its_rule() {
+    let orbit = OrbitDev::start(&[]).await;
+    let client = orbit.client();
+    let sub = client
+        .create_subscription(QUEUE, &["task.succeeded"])
+        .await
+        .unwrap();
+    let deep = format!("{}1{}", "[".repeat(128), "]".repeat(128));
+    for (result, kind) in [
+        (r#"{"a":1,"a":2}"#.to_owned(), "duplicate_key"),
+        (r#"{"s":"\ud800"}"#.to_owned(), "lone_surrogate"),
+        (deep, "too_deep"),
+    ] {
+        let task = client.submit_task(QUEUE, None).await.unwrap();
+        let raw = serde_json::value::RawValue::from_string(result).unwrap();
+        let e = client
+            .report_task(&task.id, "SUCCEEDED", Some(&raw))
+            .await
+            .unwrap_err();
+        assert_eq!(
+            (e.status(), e.code()),
+            (Some(422), Some("invalid_result")),
+            "{kind}"
+        );
+        assert!(e.to_string().contains(kind), "{kind}: {e}");
+        // Nothing happened: the task is as it was and no event was emitted.
+        assert_eq!(client.get_task(&task.id).await.unwrap().state, "PENDING");
+    }
+    // One level less deep is fine (the result sits at depth 2 of the event).
+    let task = client.submit_task(QUEUE, None).await.unwrap();
+    let fine = format!("{}1{}", "[".repeat(127), "]".repeat(127));
+    let raw = serde_json::value::RawValue::from_string(fine).unwrap();
+    client
+        .report_task(&task.id, "SUCCEEDED", Some(&raw))
+        .await
+        .unwrap();
+    let all = client
+        .list_deliveries(&sub.id, &Default::default())
+        .await
+        .unwrap();
+    assert_eq!(all.len(), 1, "only the acceptable result was emitted");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_discarded_delivery_frees_its_slot_of_the_window_and_never_comes_again() {
+    let (orbit, client, sub) = subscribed(&[
+        "--lease-seconds",
+        "1",
+        "--max-attempts",
+        "1",
+        "--window",
+        "1",
+    ])
+    .await;
+    let never = cancelled_task(&client).await;
+    let seen: Arc<Mutex<Vec<String>>> = Arc::default();
+    let consumer = {
+        let seen = seen.clone();
+        EventConsumer::new(client.clone(), sub.id.clone()).start(move |d| {
+            let refuse = d.event_json().contains(&never);
+            seen.lock().unwrap().push(d.delivery_id.clone());
+            async move {
+                if refuse {
+                    Err("refused every time")
+                } else {
+                    Ok(())
+                }
+            }
+        })
+    };
+    let (c, s) = (client.clone(), sub.id.clone());
+    eventually(Duration::from_secs(15), "the delivery to expire", || {
+        let (c, s) = (c.clone(), s.clone());
+        async move { deliveries(&c, &s).await[0].state == "EXPIRED" }
+    })
+    .await;
+    let stuck = deliveries(&client, &sub.id).await[0].clone();
+    cancelled_task(&client).await;
+    wait_for_hold(
+        &orbit,
+        "window full (1 of 1 leased or expired); holding 1 pending",
+    )
+    .await;
+    // Only an EXPIRED delivery can be discarded.
+    let pending = deliveries(&client, &sub.id).await[1].clone();
+    let e = client.discard_delivery(&pending.id).await.unwrap_err();
+    assert_eq!(e.code(), Some("not_expired"));
+    let d = client.discard_delivery(&stuck.id).await.unwrap();
+    assert_eq!(d.state, "DISCARDED");
+    let (c, s) = (client.clone(), sub.id.clone());
+    eventually(Duration::from_secs(15), "the next delivery ACKED", || {
+        let (c, s) = (c.clone(), s.clone());
+        async move { deliveries(&c, &s).await[1].state == "ACKED" }
+    })
+    .await;
+    consumer.shutdown(Duration::from_secs(5)).await;
+    let all = deliveries(&client, &sub.id).await;
+    assert_eq!(all[0].state, "DISCARDED");
+    assert_eq!(all[0].attempts, 1, "never leased again");
+    assert_eq!(
+        seen.lock()
+            .unwrap()
+            .iter()
+            .filter(|id| **id == stuck.id)
+            .count(),
+        1
+    );
+}

@@ -167,6 +167,47 @@ impl BusinessWrite for LedgerWrite {
 }
 
 #[tokio::test]
+async fn a_failing_caller_write_is_reported_by_its_code_never_by_the_server_text() {
+    let rdb = ReceiverDb::new().await;
+    let mut admin = rdb.admin().await;
+    admin
+        .execute("CREATE TABLE business_ledger (event_id VARBINARY(128) PRIMARY KEY, outcome VARCHAR(16) NOT NULL)")
+        .await
+        .unwrap();
+    admin
+        .execute(
+            format!(
+                "GRANT SELECT, INSERT ON `{}`.business_ledger TO '{}'@'%'",
+                rdb.db.receiver_db, rdb.db.runtime.user
+            )
+            .as_str(),
+        )
+        .await
+        .unwrap();
+    // The ledger already holds this id: the caller's insert fails with the server's
+    // "Duplicate entry 'evt-secret-7' for key 'PRIMARY'", which quotes the row.
+    admin
+        .execute("INSERT INTO business_ledger VALUES ('evt-secret-7', 'earlier')")
+        .await
+        .unwrap();
+    let store = rdb.store().await;
+    let event = EventSpec::cancelled("evt-secret-7", "task-secret", 1).event();
+    let e = store
+        .apply_with(&event, &LedgerWrite { fail_after: false })
+        .await
+        .expect_err("the caller's write fails");
+    let shown = e.to_string();
+    assert_eq!(
+        shown,
+        "write_failed: the caller's write failed, everything was rolled back (mysql 1062, SQLSTATE 23000)"
+    );
+    // The caller can still reach its own error on purpose.
+    let source = std::error::Error::source(&e).expect("the caller's error is the source");
+    assert!(source.to_string().contains("Duplicate entry"));
+    assert_eq!(rdb.scalar("SELECT COUNT(*) FROM receiver_inbox").await, 0);
+}
+
+#[tokio::test]
 async fn a_failing_caller_write_rolls_back_inbox_view_and_its_own_rows() {
     let rdb = ReceiverDb::new().await;
     let mut admin = rdb.admin().await;

@@ -116,3 +116,33 @@ pub(super) async fn add_budget(
     p.wake.notify_waiters();
     Ok(Json(visible_delivery(&p, &c, &id).await?))
 }
+
+/// `POST /v1/deliveries/{id}/discard`: an EXPIRED delivery that can never apply (its event is
+/// refused by every receiver) leaves the window for good, as DISCARDED. It is never leased
+/// again; its event stays readable.
+pub(super) async fn discard(
+    State(p): State<Shared>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> ApiResult<Json<orbit_sdk::wire::DeliveryInfo>> {
+    let c = caller(&p, &headers).await?;
+    c.need(SCOPE_EVENTS_MANAGE)?;
+    visible_delivery(&p, &c, &id).await?;
+    let changed = sqlx::query(
+        "UPDATE orbit_deliveries SET state = 'DISCARDED', updated_at = UTC_TIMESTAMP(6) \
+         WHERE id = ? AND state = 'EXPIRED'",
+    )
+    .bind(&id)
+    .execute(&p.pool)
+    .await?
+    .rows_affected();
+    if changed == 0 {
+        return Err(ApiError::conflict(
+            "not_expired",
+            "only an EXPIRED delivery can be discarded",
+        ));
+    }
+    // A slot of the window is free again.
+    p.wake.notify_waiters();
+    Ok(Json(visible_delivery(&p, &c, &id).await?))
+}

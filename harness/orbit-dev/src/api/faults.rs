@@ -18,8 +18,7 @@ pub(super) struct FaultRequest {
     event_id: Option<String>,
 }
 
-const FAULTS: &str =
-    "drop-next-ack-reply, drop-next-ack, close-stream-after-delivery or duplicate-event";
+const FAULTS: &str = "drop-next-ack-reply, drop-next-ack, close-stream-after-delivery, skip-next-result-check or duplicate-event";
 
 pub(super) async fn arm_fault(
     State(p): State<Shared>,
@@ -30,6 +29,7 @@ pub(super) async fn arm_fault(
         "drop-next-ack-reply" => p.drop_next_ack_reply.store(true, Ordering::SeqCst),
         "drop-next-ack" => p.drop_next_ack.store(true, Ordering::SeqCst),
         "close-stream-after-delivery" => p.close_after_delivery.store(true, Ordering::SeqCst),
+        "skip-next-result-check" => p.skip_next_result_check.store(true, Ordering::SeqCst),
         "duplicate-event" => {
             let Some(event_id) = req.event_id.as_deref() else {
                 return Err(ApiError::invalid("duplicate-event needs \"event_id\""));

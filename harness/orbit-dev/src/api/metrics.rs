@@ -92,7 +92,7 @@ pub(super) async fn metrics(State(p): State<Shared>) -> impl IntoResponse {
         );
     };
     let m = &p.metrics;
-    for state in ["PENDING", "LEASED", "ACKED", "EXPIRED"] {
+    for state in ["PENDING", "LEASED", "ACKED", "EXPIRED", "DISCARDED"] {
         let count = rows
             .iter()
             .find(|r| r.try_get_unchecked::<String, _>(0).ok().as_deref() == Some(state))

@@ -54,6 +54,9 @@ pub struct Platform {
     pub drop_next_ack: AtomicBool,
     /// Fault: close the stream right after the next delivery is sent.
     pub close_after_delivery: AtomicBool,
+    /// Fault: accept the next reported result without the canonical form's check (as a
+    /// platform that does not validate would), so that a receiver meets a poison event.
+    pub skip_next_result_check: AtomicBool,
     /// What `/metrics` reports.
     pub metrics: metrics::PlatformMetrics,
 }
@@ -140,7 +143,8 @@ pub fn router(p: Shared) -> Router {
         .route("/v1/subscriptions/{id}/deliveries", get(list_deliveries))
         .route("/v1/subscriptions/{id}/stream", get(stream))
         .route("/v1/deliveries/{id}", get(get_delivery))
-        .route("/v1/deliveries/{id}/budget", post(add_budget));
+        .route("/v1/deliveries/{id}/budget", post(add_budget))
+        .route("/v1/deliveries/{id}/discard", post(deliveries::discard));
     if p.fault_api {
         r = r.route("/v1/_faults", post(arm_fault));
     }

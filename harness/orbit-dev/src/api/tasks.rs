@@ -225,6 +225,23 @@ async fn emit(
             ),
         ));
     }
+    // A result a receiver must always refuse (too deep, a lone surrogate, a duplicate name)
+    // would be delivered until its budget is spent and then sit in the window: refuse it here,
+    // by the same rules (docs/canonical-json.md). The message names the rule, not the content.
+    let checked = !p
+        .skip_next_result_check
+        .swap(false, std::sync::atomic::Ordering::SeqCst);
+    if checked {
+        if let Err(e) = result_inbox::canonical::Document::parse(body.as_bytes()) {
+            return Err(ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "invalid_result",
+                format!(
+                    "the result breaks the canonical form's rules (docs/canonical-json.md): {e}"
+                ),
+            ));
+        }
+    }
     sqlx::query("INSERT INTO orbit_events (id, namespace, queue_id, task_id, event_type, body, created_at) \
                  VALUES (?, ?, ?, ?, ?, ?, UTC_TIMESTAMP(6))")
         .bind(&event_id)
