@@ -16,6 +16,37 @@ use result_inbox::Dsn;
 use result_inbox::StorageError;
 use result_inbox::{ConsumerName, EventId, QueueId, TaskEvent, TaskId};
 
+/// Reads an event from `path`: a regular file only (a FIFO, a device or a directory is refused
+/// before it is opened, so nothing hangs), and at most one byte more than an event may have,
+/// so that an oversized file is refused as `too_large` without being read whole.
+pub fn read_event_file(path: &std::path::Path) -> Result<Vec<u8>, String> {
+    use std::io::Read;
+    let shown = path.display();
+    let kind = |t: std::fs::FileType| -> Option<&'static str> {
+        use std::os::unix::fs::FileTypeExt;
+        match () {
+            _ if t.is_file() => None,
+            _ if t.is_dir() => Some("a directory"),
+            _ if t.is_fifo() => Some("a named pipe"),
+            _ if t.is_socket() => Some("a socket"),
+            _ if t.is_char_device() || t.is_block_device() => Some("a device"),
+            _ => Some("not a regular file"),
+        }
+    };
+    let meta = std::fs::metadata(path).map_err(|e| format!("cannot read {shown}: {e}"))?;
+    if let Some(what) = kind(meta.file_type()) {
+        return Err(format!(
+            "cannot read {shown}: it is {what}, not a regular file"
+        ));
+    }
+    let file = std::fs::File::open(path).map_err(|e| format!("cannot read {shown}: {e}"))?;
+    let mut raw = Vec::new();
+    file.take(result_inbox::canonical::MAX_EVENT_BYTES as u64 + 1)
+        .read_to_end(&mut raw)
+        .map_err(|e| format!("cannot read {shown}: {e}"))?;
+    Ok(raw)
+}
+
 /// What `receiver digest` prints: the canonical bytes and their SHA-256, or the rejection kind.
 pub fn digest(raw: &[u8], queue: Option<&QueueId>) -> Result<(Vec<u8>, Digest), &'static str> {
     match queue {

@@ -266,7 +266,7 @@ fn digest(args: &[&str]) -> ExitCode {
         }
     }
     let read = match file {
-        Some(path) => std::fs::read(path).map_err(|e| format!("cannot read {path}: {e}")),
+        Some(path) => receiver::inspect::read_event_file(std::path::Path::new(path)),
         None => {
             use std::io::Read;
             let mut buf = Vec::new();
@@ -342,7 +342,7 @@ fn inspect(args: &[&str]) -> ExitCode {
     };
     let compared = match compare {
         None => None,
-        Some(path) => match std::fs::read(path) {
+        Some(path) => match receiver::inspect::read_event_file(std::path::Path::new(path)) {
             Ok(raw) => match receiver::inspect::digest(&raw, Some(&config.queue)) {
                 Ok((_, d)) => Some(d),
                 Err(kind) => {
@@ -351,7 +351,7 @@ fn inspect(args: &[&str]) -> ExitCode {
                 }
             },
             Err(e) => {
-                eprintln!("receiver inspect: cannot read {path}: {e}");
+                eprintln!("receiver inspect: {e}");
                 return ExitCode::FAILURE;
             }
         },

@@ -68,12 +68,24 @@ fn without_values(e: &serde_json::Error) -> String {
         .collect()
 }
 
+/// The largest credentials file read (the bootstrap's is about 200 bytes).
+pub const MAX_CREDENTIALS_BYTES: u64 = 64 * 1024;
+
 impl Credentials {
-    /// Reads `path`, refusing a file that group or others may read.
+    /// Reads `path`, refusing a file that group or others may read, one that is not a regular
+    /// file, and one over [`MAX_CREDENTIALS_BYTES`].
     pub fn load(path: &Path) -> Result<Credentials, CredentialsError> {
         use std::os::unix::fs::PermissionsExt;
         let meta = std::fs::metadata(path)
             .map_err(|e| CredentialsError::Read(path.to_owned(), e.to_string()))?;
+        // A regular file of sane size only: a FIFO would hang the start, a huge file fill
+        // memory, for a file that holds a token and a queue id.
+        if !meta.is_file() {
+            return Err(CredentialsError::Read(
+                path.to_owned(),
+                "not a regular file".into(),
+            ));
+        }
         let mode = meta.permissions().mode() & 0o777;
         if mode & 0o077 != 0 {
             return Err(CredentialsError::Permissions {
@@ -81,8 +93,17 @@ impl Credentials {
                 mode,
             });
         }
-        let text = std::fs::read(path)
+        let mut text = Vec::new();
+        use std::io::Read;
+        std::fs::File::open(path)
+            .and_then(|f| f.take(MAX_CREDENTIALS_BYTES + 1).read_to_end(&mut text))
             .map_err(|e| CredentialsError::Read(path.to_owned(), e.to_string()))?;
+        if text.len() as u64 > MAX_CREDENTIALS_BYTES {
+            return Err(CredentialsError::Read(
+                path.to_owned(),
+                format!("larger than {MAX_CREDENTIALS_BYTES} bytes, which no credentials file is"),
+            ));
+        }
         serde_json::from_slice(&text)
             .map_err(|e| CredentialsError::Malformed(path.to_owned(), without_values(&e)))
     }

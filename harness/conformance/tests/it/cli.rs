@@ -328,3 +328,122 @@ async fn the_init_line() {
     let out = receiver(&["init"], &[("ORBIT_RECEIVER_DSN", &db.init_url())]);
     insta::assert_snapshot!(text(&out.stdout));
 }
+
+/// A file of `len` bytes that takes no disk (a hole), mode 0600.
+fn sparse_file(name: &str, len: u64) -> std::path::PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let path = testdb::scratch_dir().unwrap().join(name);
+    let f = std::fs::File::create(&path).unwrap();
+    f.set_len(len).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    path
+}
+
+/// `receiver ARGS` with at most 256 MiB of address space: a command that read a 2 GB file whole
+/// could not allocate it and would abort instead of answering.
+fn receiver_in_256_mib(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut script = String::from("ulimit -v 262144; exec \"$0\"");
+    for i in 1..=args.len() {
+        script.push_str(&format!(" \"${i}\""));
+    }
+    let mut cmd = bare_command(std::path::Path::new("/bin/sh"));
+    cmd.arg("-c").arg(script).arg(receiver_bin()).args(args);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().expect("sh runs")
+}
+
+#[test]
+fn reads_are_bounded_and_only_of_regular_files() {
+    let scratch = testdb::scratch_dir().unwrap();
+    let fifo = scratch.join("event.fifo");
+    assert!(std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap()
+        .success());
+    let fifo_s = fifo.display().to_string();
+    let started = Instant::now();
+    // Not a regular file: refused at once, nothing opened (a FIFO would block the open).
+    for (path, what) in [
+        (fifo_s.as_str(), "a named pipe"),
+        ("/dev/zero", "a device"),
+        ("/tmp", "a directory"),
+    ] {
+        let out = receiver(&["digest", path], &[]);
+        assert_eq!(out.status.code(), Some(1), "{path}");
+        assert_eq!(
+            text(&out.stderr),
+            format!("receiver digest: cannot read {path}: it is {what}, not a regular file\n")
+        );
+    }
+    // A 2 GB file is refused as too large after reading one byte more than an event may have.
+    let huge = sparse_file("huge.json", 2 << 30);
+    let out = receiver_in_256_mib(&["digest", &huge.display().to_string()], &[]);
+    assert_eq!(
+        text(&out.stdout),
+        "rejected=too_large\n",
+        "{}",
+        text(&out.stderr)
+    );
+    assert_eq!(out.status.code(), Some(2));
+    // `inspect --compare` reads the same way, before it connects anywhere.
+    let env = [
+        ("ORBIT_RECEIVER_DSN", "mysql://u:p@127.0.0.1:1/db"),
+        ("ORBIT_QUEUE_ID", "inbox-demo"),
+    ];
+    let out = receiver(
+        &["inspect", "--event-id", "e", "--compare", "/dev/zero"],
+        &env,
+    );
+    assert_eq!(
+        text(&out.stderr),
+        "receiver inspect: cannot read /dev/zero: it is a device, not a regular file\n"
+    );
+    let out = receiver_in_256_mib(
+        &[
+            "inspect",
+            "--event-id",
+            "e",
+            "--compare",
+            &huge.display().to_string(),
+        ],
+        &env,
+    );
+    assert_eq!(
+        text(&out.stderr),
+        "receiver inspect: the event in ".to_owned()
+            + &huge.display().to_string()
+            + " is rejected: too_large\n"
+    );
+    // A credentials file: a FIFO is refused, not waited on; a huge one is refused unread.
+    let big_credentials = sparse_file("huge.credentials", 300 << 20);
+    for (file, problem) in [
+        (fifo_s.clone(), "not a regular file".to_owned()),
+        (
+            big_credentials.display().to_string(),
+            "larger than 65536 bytes, which no credentials file is".to_owned(),
+        ),
+    ] {
+        let out = receiver_in_256_mib(
+            &["inspect", "--event-id", "e"],
+            &[
+                ("ORBIT_RECEIVER_DSN", "mysql://u:p@127.0.0.1:1/db"),
+                ("ORBIT_CREDENTIALS_FILE", &file),
+            ],
+        );
+        assert_eq!(out.status.code(), Some(2), "{file}");
+        assert!(
+            text(&out.stderr).contains(&format!(
+                "ORBIT_CREDENTIALS_FILE cannot read credentials file {file}: {problem}"
+            )),
+            "{}",
+            text(&out.stderr)
+        );
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "nothing waited on a pipe"
+    );
+}
