@@ -29,7 +29,24 @@ pub enum DsnError {
     BadDatabase,
     #[error("points at {0}, which is not loopback, without TLS: add ?ssl-mode=VERIFY_IDENTITY (or REQUIRED)")]
     NoTls(String),
+    #[error("has a port that is not a number from 1 to 65535")]
+    BadPort,
+    #[error(
+        "has the parameter `{0}`, which the receiver does not know (it knows {KNOWN_PARAMETERS})"
+    )]
+    UnknownParameter(String),
+    #[error(
+        "sets the session time zone (`{0}`), which the receiver sets to UTC itself: remove it"
+    )]
+    TimeZone(String),
+    #[error("has ssl-mode set to something other than disabled, preferred, required, verify_ca or verify_identity")]
+    BadSslMode,
 }
+
+/// The URL parameters a DSN may carry (the driver's own names; `sslmode` and the like are
+/// accepted spellings of the same).
+pub const KNOWN_PARAMETERS: &str =
+    "ssl-mode, ssl-ca, ssl-cert, ssl-key, charset, collation, statement-cache-capacity, socket";
 
 impl Dsn {
     /// Parses `url`. The database must be named explicitly: the receiver's tables belong in
@@ -60,11 +77,22 @@ impl Dsn {
         if path.contains('/') || path.chars().any(char::is_control) {
             return Err(DsnError::BadDatabase);
         }
+        let port = if host.starts_with('[') {
+            host.rsplit_once("]:").map(|(_, p)| p)
+        } else {
+            host.split_once(':').map(|(_, p)| p)
+        };
+        if let Some(port) = port {
+            if !port.parse::<u16>().is_ok_and(|p| p > 0) {
+                return Err(DsnError::BadPort);
+            }
+        }
         let query = after
             .split_once('?')
             .map(|(_, q)| q)
             .unwrap_or("")
             .to_owned();
+        check_parameters(&query)?;
         let dsn = Dsn {
             url: Secret::new(url),
             user,
@@ -117,6 +145,50 @@ impl Dsn {
     }
 }
 
+/// Every parameter must be one the driver knows, spelled as it spells it (it ignores the
+/// rest silently), and `ssl-mode` must have a value it knows (compared without case, as it
+/// does). The session time zone is the store's to set.
+fn check_parameters(query: &str) -> Result<(), DsnError> {
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        match key {
+            "ssl-mode" | "sslmode" => {
+                let known = [
+                    "disabled",
+                    "preferred",
+                    "required",
+                    "verify_ca",
+                    "verify_identity",
+                ];
+                if !known.iter().any(|k| k.eq_ignore_ascii_case(value)) {
+                    return Err(DsnError::BadSslMode);
+                }
+            }
+            "ssl-ca"
+            | "sslca"
+            | "ssl-cert"
+            | "sslcert"
+            | "ssl-key"
+            | "sslkey"
+            | "charset"
+            | "collation"
+            | "statement-cache-capacity"
+            | "socket" => {}
+            "timezone" | "time-zone" => return Err(DsnError::TimeZone(key.to_owned())),
+            other => {
+                // The name only (never the value), and only its printable ASCII.
+                let shown: String = other
+                    .chars()
+                    .take(40)
+                    .map(|c| if c.is_ascii_graphic() { c } else { '?' })
+                    .collect();
+                return Err(DsnError::UnknownParameter(shown));
+            }
+        }
+    }
+    Ok(())
+}
+
 impl fmt::Display for Dsn {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.user.is_empty() {
@@ -155,8 +227,52 @@ mod tests {
             Err(DsnError::BadDatabase),
             "a path with two segments"
         );
-        let dsn = Dsn::parse("mysql://u:s3cret@127.0.0.1:3306/orbit_receiver?x=1").unwrap();
+        let dsn =
+            Dsn::parse("mysql://u:s3cret@127.0.0.1:3306/orbit_receiver?charset=utf8mb4").unwrap();
         assert_eq!(dsn.database(), "orbit_receiver");
+    }
+
+    #[test]
+    fn ports_parameters_and_ssl_modes_are_checked_without_connecting() {
+        for url in [
+            "mysql://u:p@127.0.0.1:99999/r",
+            "mysql://u:p@127.0.0.1:0/r",
+            "mysql://u:p@127.0.0.1:x/r",
+            "mysql://u:p@[::1]:70000/r",
+        ] {
+            assert_eq!(Dsn::parse(url), Err(DsnError::BadPort), "{url}");
+        }
+        assert_eq!(
+            Dsn::parse("mysql://u:p@127.0.0.1:3306/r?sslmode=required&pool=9"),
+            Err(DsnError::UnknownParameter("pool".into()))
+        );
+        assert_eq!(
+            Dsn::parse("mysql://u:p@127.0.0.1:3306/r?timezone=%2B08:00"),
+            Err(DsnError::TimeZone("timezone".into()))
+        );
+        assert_eq!(
+            Dsn::parse("mysql://u:p@127.0.0.1:3306/r?ssl-mode=strict"),
+            Err(DsnError::BadSslMode)
+        );
+        // Lower-case `required` is the driver's REQUIRED: TLS is used (proved on the options
+        // the store connects with, not by connecting).
+        let dsn = Dsn::parse("mysql://u:p@db.internal:3306/r?ssl-mode=required").unwrap();
+        let options = crate::store::connect_options(&dsn).unwrap();
+        assert!(matches!(
+            options.get_ssl_mode(),
+            sqlx::mysql::MySqlSslMode::Required
+        ));
+        let dsn =
+            Dsn::parse("mysql://u:p@127.0.0.1:3306/r?ssl-mode=verify_identity&ssl-ca=/etc/ca.pem")
+                .unwrap();
+        assert!(matches!(
+            crate::store::connect_options(&dsn).unwrap().get_ssl_mode(),
+            sqlx::mysql::MySqlSslMode::VerifyIdentity
+        ));
+        assert!(
+            Dsn::parse("mysql://u:p@127.0.0.1/r").is_ok(),
+            "no port is the default port"
+        );
     }
 
     #[test]

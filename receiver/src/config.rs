@@ -70,6 +70,39 @@ impl Source for HashMap<&str, &str> {
     }
 }
 
+/// Every variable any command reads, for the check that none holds bytes that are not UTF-8.
+pub const ALL_VARIABLES: &[&str] = &[
+    ORBIT_RECEIVER_DSN,
+    RECEIVER_NAME,
+    ORBIT_URL,
+    ORBIT_CREDENTIALS_FILE,
+    ORBIT_TOKEN,
+    ORBIT_QUEUE_ID,
+    ORBIT_SUBSCRIPTION_ID,
+    RECEIVER_LOG_FORMAT,
+    RECEIVER_METRICS_LISTEN,
+    RECEIVER_APPLY_TIMEOUT,
+];
+
+/// The variables whose values are not UTF-8 (which [`ProcessEnv`] passes on with U+FFFD in
+/// place of the bad bytes): each is one error, and nothing else is parsed, since a value read
+/// lossily is not the value the user set.
+fn not_utf8(source: &dyn Source) -> Result<(), ConfigErrors> {
+    let bad: Vec<ConfigError> = ALL_VARIABLES
+        .iter()
+        .filter(|name| source.get(name).is_some_and(|v| v.contains('\u{FFFD}')))
+        .map(|name| ConfigError {
+            variable: name,
+            problem: "is not valid UTF-8".into(),
+        })
+        .collect();
+    if bad.is_empty() {
+        Ok(())
+    } else {
+        Err(ConfigErrors(bad))
+    }
+}
+
 /// One bad variable: its name and what is wrong, never its value.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConfigError {
@@ -217,6 +250,24 @@ fn orbit(source: &dyn Source, errors: &mut Vec<ConfigError>) -> Option<PlatformC
             None
         }
     };
+    // A token is printable ASCII; a line break (a file written with `echo`, a variable set
+    // from one) would otherwise fail later, at the first request, as an HTTP builder error.
+    let credentials = credentials.filter(|c| {
+        let clean = !c.token.expose().is_empty()
+            && c.token.expose().bytes().all(|b| b.is_ascii_graphic());
+        if !clean {
+            let variable = if source.get(ORBIT_TOKEN).is_some() {
+                ORBIT_TOKEN
+            } else {
+                ORBIT_CREDENTIALS_FILE
+            };
+            errors.push(ConfigError {
+                variable,
+                problem: "holds a token with a character no token has (a space, a line break or another control character): check for a trailing newline".into(),
+            });
+        }
+        clean
+    });
     let queue =
         credentials
             .as_ref()
@@ -290,6 +341,7 @@ pub type DemoConfig = RunConfig;
 impl DemoConfig {
     /// Parses every variable `demo` reads.
     pub fn from_source(source: &dyn Source) -> Result<Self, ConfigErrors> {
+        not_utf8(source)?;
         let mut errors = Vec::new();
         match RunConfig::read(source, &mut errors) {
             Some(run) if errors.is_empty() => Ok(run),
@@ -370,6 +422,7 @@ fn metrics_listen(
 impl ConsumeConfig {
     /// Parses every variable `consume` reads.
     pub fn from_source(source: &dyn Source) -> Result<Self, ConfigErrors> {
+        not_utf8(source)?;
         let mut errors = Vec::new();
         let run = RunConfig::read(source, &mut errors);
         let subscription = subscription_id(
@@ -404,6 +457,7 @@ pub struct InspectConfig {
 impl InspectConfig {
     /// Parses every variable `inspect` reads.
     pub fn from_source(source: &dyn Source) -> Result<Self, ConfigErrors> {
+        not_utf8(source)?;
         let mut errors = Vec::new();
         let dsn = receiver_dsn(source, &mut errors);
         let name = receiver_name(source, &mut errors);
@@ -472,6 +526,7 @@ pub struct InitConfig {
 impl InitConfig {
     /// Parses every variable `init` reads.
     pub fn from_source(source: &dyn Source) -> Result<Self, ConfigErrors> {
+        not_utf8(source)?;
         let mut errors = Vec::new();
         let dsn = receiver_dsn(source, &mut errors);
         match dsn {

@@ -110,10 +110,30 @@ impl BaseUrl {
         let (scheme, rest) = url
             .split_once("://")
             .ok_or_else(|| SdkError::Url("must start with http:// or https://".into()))?;
-        let rest = rest.trim_end_matches('/');
+        let rest = rest.strip_suffix('/').unwrap_or(rest);
         let authority = rest.split('/').next().unwrap_or("");
         if authority.is_empty() || authority.contains('@') {
             return Err(SdkError::Url("needs a host and no user information".into()));
+        }
+        // The platform's API lives at its root: a path, a query or a fragment would only show
+        // up later, as 404s on every call.
+        if rest.len() > authority.len() || authority.contains(['?', '#']) {
+            return Err(SdkError::Url(
+                "must be the platform's address alone, without a path, query or fragment, e.g. http://127.0.0.1:8080"
+                    .into(),
+            ));
+        }
+        let port = if authority.starts_with('[') {
+            authority.rsplit_once("]:").map(|(_, p)| p)
+        } else {
+            authority.split_once(':').map(|(_, p)| p)
+        };
+        if let Some(port) = port {
+            if !port.parse::<u16>().is_ok_and(|p| p > 0) {
+                return Err(SdkError::Url(
+                    "has a port that is not a number from 1 to 65535".into(),
+                ));
+            }
         }
         let host = if authority.starts_with('[') {
             authority.split(']').next().unwrap_or("").to_owned() + "]"
@@ -420,9 +440,20 @@ mod tests {
             "http://localhost:8080/",
             "http://[::1]:8080",
             "https://orbit.example.com",
-            "HTTPS://orbit.example.com/base",
+            "HTTPS://orbit.example.com:443/",
         ] {
             assert!(BaseUrl::parse(ok).is_ok(), "{ok}");
+        }
+        // The API is at the platform's root: anything after the address is refused at once.
+        for (bad, problem) in [
+            ("https://orbit.example.com/base", "without a path"),
+            ("http://127.0.0.1:8080/v1/", "without a path"),
+            ("http://127.0.0.1:8080?x=1", "without a path, query"),
+            ("http://127.0.0.1:99999", "port that is not a number"),
+            ("http://[::1]:0", "port that is not a number"),
+        ] {
+            let e = BaseUrl::parse(bad).unwrap_err().to_string();
+            assert!(e.contains(problem), "{bad}: {e}");
         }
         for bad in [
             "http://orbit.example.com",

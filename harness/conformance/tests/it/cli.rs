@@ -288,6 +288,70 @@ fn every_configuration_error_is_one_line_naming_the_variable() {
                 ("RECEIVER_NAME", &long_name),
             ],
         ),
+        // Issue 16 item 5: each of these passed the check before and failed later.
+        (
+            "init",
+            vec![(
+                "ORBIT_RECEIVER_DSN",
+                "mysql://u:pw_never_shown@127.0.0.1:99999/r",
+            )],
+        ),
+        (
+            "init",
+            vec![(
+                "ORBIT_RECEIVER_DSN",
+                "mysql://u:pw_never_shown@127.0.0.1:1/r?pool_size=9",
+            )],
+        ),
+        (
+            "init",
+            vec![(
+                "ORBIT_RECEIVER_DSN",
+                "mysql://u:pw_never_shown@127.0.0.1:1/r?ssl-mode=strict",
+            )],
+        ),
+        (
+            "init",
+            vec![(
+                "ORBIT_RECEIVER_DSN",
+                "mysql://u:pw_never_shown@127.0.0.1:1/r?time-zone=%2B08:00",
+            )],
+        ),
+        (
+            "demo",
+            vec![
+                ("ORBIT_URL", "http://127.0.0.1:1/v1"),
+                ("ORBIT_CREDENTIALS_FILE", &good),
+                ("ORBIT_RECEIVER_DSN", dsn),
+            ],
+        ),
+        (
+            "demo",
+            vec![
+                ("ORBIT_URL", "http://127.0.0.1:99999"),
+                ("ORBIT_CREDENTIALS_FILE", &good),
+                ("ORBIT_RECEIVER_DSN", dsn),
+            ],
+        ),
+        (
+            "demo",
+            vec![
+                ("ORBIT_URL", url),
+                ("ORBIT_CREDENTIALS_FILE", &good),
+                ("ORBIT_TOKEN", "orb_token_never_shown\n"),
+                ("ORBIT_RECEIVER_DSN", dsn),
+            ],
+        ),
+        (
+            "consume",
+            vec![
+                ("ORBIT_URL", url),
+                ("ORBIT_CREDENTIALS_FILE", &good),
+                ("ORBIT_RECEIVER_DSN", dsn),
+                ("ORBIT_SUBSCRIPTION_ID", sub),
+                ("RECEIVER_APPLY_TIMEOUT", "5"),
+            ],
+        ),
     ];
     let mut all = String::new();
     for (cmd, env) in cases {
@@ -308,6 +372,8 @@ fn every_configuration_error_is_one_line_naming_the_variable() {
                     "[file]".to_owned()
                 } else {
                     v.replace("pw_never_shown", "***")
+                        .replace("orb_token_never_shown", "***")
+                        .replace('\n', "\\n")
                 };
                 format!("{k}={v}")
             })
@@ -446,4 +512,30 @@ fn reads_are_bounded_and_only_of_regular_files() {
         started.elapsed() < Duration::from_secs(20),
         "nothing waited on a pipe"
     );
+}
+
+#[test]
+fn a_variable_that_is_not_utf8_is_named_not_read_lossily() {
+    use std::os::unix::ffi::OsStrExt;
+    let bad = std::ffi::OsStr::from_bytes(b"inbox\xff");
+    for (name, cmd) in [
+        ("ORBIT_QUEUE_ID", "demo"),
+        ("ORBIT_URL", "demo"),
+        ("ORBIT_RECEIVER_DSN", "init"),
+    ] {
+        let mut c = bare_command(&receiver_bin());
+        c.arg(cmd)
+            .env("ORBIT_URL", "http://127.0.0.1:1")
+            .env("ORBIT_TOKEN", "t")
+            .env("ORBIT_QUEUE_ID", "q")
+            .env("ORBIT_RECEIVER_DSN", "mysql://u:p@127.0.0.1:1/r")
+            .env(name, bad);
+        let out = c.output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{name}");
+        assert_eq!(
+            text(&out.stderr),
+            format!("receiver {cmd}: {name} is not valid UTF-8\n"),
+            "{name}"
+        );
+    }
 }
