@@ -814,3 +814,103 @@ async fn a_discarded_delivery_frees_its_slot_of_the_window_and_never_comes_again
         1
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_error_at_the_edges_is_the_documented_json() {
+    let (orbit, client, sub) = subscribed(&[]).await;
+    let token = orbit.credentials().token.expose().to_owned();
+    let is_error = |body: &str, code: &str| {
+        let v: serde_json::Value =
+            serde_json::from_str(body).unwrap_or_else(|e| panic!("not JSON ({e}): {body:?}"));
+        v["error"]["code"] == code && v["error"]["message"].is_string()
+    };
+    // A body over the limit: 413, not 422.
+    let task = client.submit_task(QUEUE, None).await.unwrap();
+    let big = json!({"state": "SUCCEEDED", "result": "x".repeat(700 * 1024)});
+    let (status, body) = http_raw(
+        &orbit.addr,
+        "POST",
+        &format!("/v1/tasks/{}/report", task.id),
+        Some(&token),
+        Some(&big),
+    );
+    assert_eq!(status, 413);
+    assert!(is_error(&body, "body_too_large"), "{body}");
+    // A malformed query string.
+    let (status, body) = http_raw(
+        &orbit.addr,
+        "GET",
+        &format!("/v1/subscriptions/{}/deliveries?limit=many", sub.id),
+        Some(&token),
+        None,
+    );
+    assert_eq!(status, 422);
+    assert!(is_error(&body, "invalid_request"), "{body}");
+    // A method the endpoint does not take.
+    let (status, body) = http_raw(&orbit.addr, "DELETE", "/v1/credential", Some(&token), None);
+    assert_eq!(status, 405);
+    assert!(is_error(&body, "method_not_allowed"), "{body}");
+    // A request target and headers over their limits.
+    let long = format!("/v1/tasks/{}", "t".repeat(10 * 1024));
+    let (status, body) = http_raw(&orbit.addr, "GET", &long, Some(&token), None);
+    assert_eq!(status, 414);
+    assert!(is_error(&body, "uri_too_long"), "{body}");
+    let huge_token = "h".repeat(20 * 1024);
+    let (status, body) = http_raw(
+        &orbit.addr,
+        "GET",
+        "/v1/credential",
+        Some(&huge_token),
+        None,
+    );
+    assert_eq!(status, 431);
+    assert!(is_error(&body, "headers_too_large"), "{body}");
+
+    // Another namespace's delivery answers exactly as a delivery that does not exist.
+    cancelled_task(&client).await;
+    let mine = deliveries(&client, &sub.id).await[0].id.clone();
+    let other_file = testdb::scratch_dir()
+        .unwrap()
+        .join(format!("other-ns-{}.json", std::process::id()));
+    let out = std::process::Command::new(conformance::workspace_bin("orbit-dev"))
+        .args([
+            "bootstrap",
+            "--application",
+            "other",
+            "--namespace",
+            "elsewhere",
+            "--environment",
+            "development",
+            "--queue",
+            "elsewhere-queue",
+            "--event-access",
+            "--output",
+        ])
+        .arg(&other_file)
+        .env("ORBIT_MYSQL_DSN", orbit.db.platform_url())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stranger = orbit_sdk::Credentials::load(&other_file).unwrap().token;
+    let (foreign_status, foreign) = http_raw(
+        &orbit.addr,
+        "GET",
+        &format!("/v1/deliveries/{mine}"),
+        Some(stranger.expose()),
+        None,
+    );
+    let (unknown_status, unknown) = http_raw(
+        &orbit.addr,
+        "GET",
+        "/v1/deliveries/0123456789abcdef0123456789abcdef",
+        Some(stranger.expose()),
+        None,
+    );
+    assert_eq!((foreign_status, unknown_status), (404, 404));
+    assert_eq!(foreign, unknown, "one answer for both");
+    assert!(foreign.contains("no such delivery"), "{foreign}");
+}

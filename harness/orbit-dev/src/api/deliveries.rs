@@ -1,6 +1,6 @@
 //! Deliveries: list a subscription's, get one, add budget to an EXPIRED one. Never a proof.
 
-use axum::extract::rejection::JsonRejection;
+use axum::extract::rejection::{JsonRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
 use axum::http::HeaderMap;
 use axum::Json;
@@ -23,15 +23,19 @@ pub(super) async fn list_deliveries(
     State(p): State<Shared>,
     headers: HeaderMap,
     Path(id): Path<String>,
-    Query(q): Query<DeliveryQuery>,
+    query: Result<Query<DeliveryQuery>, QueryRejection>,
 ) -> ApiResult<Json<Vec<orbit_sdk::wire::DeliveryInfo>>> {
+    let Query(q) = query?;
     let c = caller(&p, &headers).await?;
     c.need(SCOPE_EVENTS_READ)?;
     visible_subscription(&p, &c, &id).await?;
     if let Some(s) = &q.state {
-        if !matches!(s.as_str(), "PENDING" | "LEASED" | "ACKED" | "EXPIRED") {
+        if !matches!(
+            s.as_str(),
+            "PENDING" | "LEASED" | "ACKED" | "EXPIRED" | "DISCARDED"
+        ) {
             return Err(ApiError::invalid(
-                "state must be PENDING, LEASED, ACKED or EXPIRED",
+                "state must be PENDING, LEASED, ACKED, EXPIRED or DISCARDED",
             ));
         }
     }
@@ -73,8 +77,11 @@ async fn visible_delivery(
     .await?
     .ok_or_else(|| ApiError::not_found("delivery"))?;
     let d = db::delivery_from_row(&row)?;
-    visible_subscription(p, c, &d.subscription_id).await?;
-    Ok(d)
+    // Another namespace's delivery answers exactly as an unknown one: no oracle for ids.
+    match visible_subscription(p, c, &d.subscription_id).await {
+        Err(e) if e.is_not_found() => Err(ApiError::not_found("delivery")),
+        other => other.map(|_| d),
+    }
 }
 
 pub(super) async fn get_delivery(

@@ -9,7 +9,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::rejection::JsonRejection;
+use axum::extract::rejection::{JsonRejection, QueryRejection};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -92,6 +92,9 @@ impl ApiError {
     fn conflict(code: &'static str, message: impl Into<String>) -> ApiError {
         ApiError::new(StatusCode::CONFLICT, code, message)
     }
+    fn is_not_found(&self) -> bool {
+        self.status == StatusCode::NOT_FOUND
+    }
 }
 
 impl From<sqlx::Error> for ApiError {
@@ -108,11 +111,60 @@ impl From<sqlx::Error> for ApiError {
 
 impl From<JsonRejection> for ApiError {
     fn from(e: JsonRejection) -> Self {
+        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            return ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "body_too_large",
+                format!("the request body is over {BODY_LIMIT} bytes"),
+            );
+        }
         ApiError::invalid(format!(
             "the request body is not valid JSON for this call: {}",
             e.body_text()
         ))
     }
+}
+
+impl From<QueryRejection> for ApiError {
+    fn from(e: QueryRejection) -> Self {
+        ApiError::invalid(format!("the query string is malformed: {}", e.body_text()))
+    }
+}
+
+/// The largest request body read: an event's limit plus room for the envelope of a report.
+pub const BODY_LIMIT: usize = MAX_EVENT_BYTES + 64 * 1024;
+/// The longest request target (path and query) answered; longer ones get 414.
+pub const URI_LIMIT: usize = 8 * 1024;
+/// The most header bytes (names and values) answered; more get 431.
+pub const HEADERS_LIMIT: usize = 16 * 1024;
+
+/// Answers a request whose target or headers are over the limits with the documented JSON
+/// error, before any handler runs. (Past hyper's own, larger limits the connection gets
+/// hyper's bare 414 or 431.)
+async fn limits(request: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let uri = request.uri().to_string().len();
+    if uri > URI_LIMIT {
+        return ApiError::new(
+            StatusCode::URI_TOO_LONG,
+            "uri_too_long",
+            format!("the request target is {uri} bytes; the limit is {URI_LIMIT}"),
+        )
+        .into_response();
+    }
+    let headers: usize = request
+        .headers()
+        .iter()
+        .map(|(k, v)| k.as_str().len() + v.len())
+        .sum();
+    if headers > HEADERS_LIMIT {
+        return ApiError::new(
+            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            "headers_too_large",
+            format!("the request headers are {headers} bytes; the limit is {HEADERS_LIMIT}"),
+        )
+        .into_response();
+    }
+    next.run(request).await
 }
 
 impl IntoResponse for ApiError {
@@ -149,8 +201,14 @@ pub fn router(p: Shared) -> Router {
         r = r.route("/v1/_faults", post(arm_fault));
     }
     r.fallback(|| async { ApiError::not_found("endpoint") })
-        .layer(axum::extract::DefaultBodyLimit::max(
-            MAX_EVENT_BYTES + 64 * 1024,
-        ))
+        .method_not_allowed_fallback(|| async {
+            ApiError::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                "this endpoint does not take that method",
+            )
+        })
+        .layer(axum::extract::DefaultBodyLimit::max(BODY_LIMIT))
+        .layer(axum::middleware::from_fn(limits))
         .with_state(p)
 }
