@@ -5,9 +5,8 @@
 //! that failed validation (R-STORE-1), and its snapshot is always the delivered event, never
 //! something rebuilt from a later task lookup (R-CANON-4).
 
-use std::fmt;
-
 use std::borrow::Cow;
+use std::fmt;
 
 use crate::canonical::{CanonError, CanonErrorKind, Digest, Document, Member};
 use crate::identity::{EventId, QueueId, TaskId};
@@ -429,6 +428,38 @@ mod tests {
                 "invalid_timestamp",
             ),
             (r#"{"a":1,"a":1}"#, "duplicate_key"),
+            // The envelope rules of docs/canonical-json.md: C1 controls count as controls, an
+            // empty namespace is refused, and the first failing rule decides.
+            (
+                &event(base).replace(r#""id":"evt-1""#, r#""id":"evt\u0085""#),
+                "invalid_field",
+            ),
+            (
+                &event(base).replace(r#""task_id":"t-1""#, r#""task_id":"t\u007f""#),
+                "invalid_field",
+            ),
+            (
+                &event(base).replace(r#""namespace":"default""#, r#""namespace":"""#),
+                "invalid_field",
+            ),
+            (
+                &event(r#""type":"task.cancelled","state":"CANCELLED","task_version":01"#),
+                "invalid_json",
+            ),
+            (
+                &event(r#""type":"task.cancelled","state":"CANCELLED","task_version":1.0"#),
+                "invalid_version",
+            ),
+            (
+                &event(r#""type":"task.exploded","state":"CANCELLED","task_version":0"#)
+                    .replace("inbox-demo", "other-queue"),
+                "invalid_version",
+            ),
+            (
+                &event(r#""type":"task.exploded","state":"PENDING","task_version":1"#)
+                    .replace("inbox-demo", "other-queue"),
+                "queue_mismatch",
+            ),
         ];
         for (input, kind) in cases {
             let r = TaskEvent::parse(input.as_bytes(), &queue());

@@ -24,7 +24,8 @@ const DIGEST_HELP: &str = "usage: receiver digest [--queue QUEUE] [FILE]
 Reads one event from FILE (or stdin) and prints
   canonical=<the canonical bytes the inbox would store>
   sha256=<their SHA-256, as in receiver_inbox.event_digest>
-or `rejected=<kind>` with exit code 2 for an event the receiver would refuse. Without --queue it
+or `rejected=<kind>` with exit code 3 for an event the receiver would refuse (exit code 2 is
+a usage or configuration error, 1 a file that cannot be read). Without --queue it
 checks the canonical form only; with it, the whole event as `consume` would (queue included).
 Compare its sha256 with an inbox row's to tell a duplicate from a conflict. Writes nothing.";
 
@@ -292,10 +293,14 @@ fn digest(args: &[&str]) -> ExitCode {
         }
         Err(kind) => {
             println!("rejected={kind}");
-            ExitCode::from(2)
+            ExitCode::from(REJECTED)
         }
     }
 }
+
+/// The exit code of `digest` and `inspect --compare` for an event the receiver refuses: not 2,
+/// which every command uses for a usage or configuration error.
+const REJECTED: u8 = 3;
 
 fn usage(command: &str, problem: &str) -> ExitCode {
     eprintln!("receiver {command}: {problem} (receiver {command} --help)");
@@ -347,7 +352,7 @@ fn inspect(args: &[&str]) -> ExitCode {
                 Ok((_, d)) => Some(d),
                 Err(kind) => {
                     eprintln!("receiver inspect: the event in {path} is rejected: {kind}");
-                    return ExitCode::from(2);
+                    return ExitCode::from(REJECTED);
                 }
             },
             Err(e) => {

@@ -447,3 +447,105 @@ fn the_generated_inputs_reach_every_answer() {
     assert!(seen["valid"] >= 600, "too few valid inputs: {seen:?}");
     eprintln!("answers of 3000 generated inputs: {seen:?}");
 }
+
+/// Counts the bytes this thread holds on the heap, and the most it held, for the fuzz run's
+/// memory bound (thread-local: tests run side by side).
+struct Tracking;
+
+thread_local! {
+    static HELD: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    static PEAK: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+fn held(change: isize) {
+    let _ = HELD.try_with(|h| {
+        let now = h.get().saturating_add_signed(change);
+        h.set(now);
+        let _ = PEAK.try_with(|p| p.set(p.get().max(now)));
+    });
+}
+
+// SAFETY: every call goes to the system allocator unchanged; only thread-local counters are
+// added, which allocate nothing.
+unsafe impl std::alloc::GlobalAlloc for Tracking {
+    unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
+        held(layout.size() as isize);
+        // SAFETY: the caller's contract for `alloc` is the system allocator's.
+        unsafe { std::alloc::System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: std::alloc::Layout) {
+        held(-(layout.size() as isize));
+        // SAFETY: `ptr` came from the system allocator with this layout.
+        unsafe { std::alloc::System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: std::alloc::Layout, size: usize) -> *mut u8 {
+        held(size as isize - layout.size() as isize);
+        // SAFETY: `ptr` came from the system allocator with this layout.
+        unsafe { std::alloc::System.realloc(ptr, layout, size) }
+    }
+}
+
+#[global_allocator]
+static TRACKING: Tracking = Tracking;
+
+/// Cases of each fuzz run: 4,000 in `make test`, more with `PROPTEST_CASES`.
+fn fuzz_cases() -> u32 {
+    #[allow(clippy::disallowed_methods)] // the test's own length switch
+    let given = std::env::var("PROPTEST_CASES").ok();
+    given.and_then(|n| n.parse().ok()).unwrap_or(4000)
+}
+
+/// Parses `raw` and checks the bounds every input must keep: an answer (no panic), within a
+/// second, holding at most three times the input plus 64 KiB on the heap meanwhile.
+fn parse_within_bounds(raw: &[u8]) -> Result<(), TestCaseError> {
+    let before = HELD.with(std::cell::Cell::get);
+    PEAK.with(|p| p.set(before));
+    let started = std::time::Instant::now();
+    let answer = Document::parse(raw);
+    let took = started.elapsed();
+    let peak = PEAK.with(std::cell::Cell::get) - before;
+    drop(answer);
+    prop_assert!(
+        took < std::time::Duration::from_secs(1),
+        "{} bytes took {took:?}",
+        raw.len()
+    );
+    prop_assert!(
+        peak <= 3 * raw.len() + 64 * 1024,
+        "{} bytes held {peak} bytes of heap",
+        raw.len()
+    );
+    Ok(())
+}
+
+proptest! {
+    // The bounded fuzz run of `make test` (cargo-fuzz needs a nightly toolchain): arbitrary
+    // bytes, then structured mutations of valid events. `PROPTEST_CASES=N` runs longer.
+    #![proptest_config(ProptestConfig::with_cases(fuzz_cases()))]
+    #[test]
+    fn fuzz_arbitrary_bytes(raw in prop::collection::vec(any::<u8>(), 0..4096)) {
+        parse_within_bounds(&raw)?;
+    }
+
+    #[test]
+    fn fuzz_mutated_events(
+        g in gen_event(),
+        rotate in 0usize..5,
+        fancy in any::<bool>(),
+        edits in prop::collection::vec((any::<u8>(), any::<usize>(), any::<usize>()), 0..6),
+    ) {
+        parse_within_bounds(&generated(&g, rotate, fancy, &edits))?;
+    }
+}
+
+#[test]
+fn the_largest_and_deepest_inputs_stay_within_bounds() {
+    // Just under the size limit, and nesting to the depth limit and one past it.
+    let mut big = b"{\"a\":\"".to_vec();
+    big.resize(MAX_EVENT_BYTES - 2, b'x');
+    big.extend_from_slice(b"\"}");
+    let deep = |n: usize| format!("{{\"a\":{}1{}}}", "[".repeat(n), "]".repeat(n)).into_bytes();
+    for raw in [big, deep(MAX_DEPTH - 1), deep(MAX_DEPTH), deep(100_000)] {
+        parse_within_bounds(&raw).unwrap();
+    }
+}

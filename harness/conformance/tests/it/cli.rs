@@ -453,7 +453,11 @@ fn reads_are_bounded_and_only_of_regular_files() {
         "{}",
         text(&out.stderr)
     );
-    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "a refused event, not a usage error"
+    );
     // `inspect --compare` reads the same way, before it connects anywhere.
     let env = [
         ("ORBIT_RECEIVER_DSN", "mysql://u:p@127.0.0.1:1/db"),

@@ -84,7 +84,7 @@ fn digest_agrees_with_every_canonical_vector() {
         let name = v["name"].as_str().unwrap();
         match v.get("error") {
             Some(kind) => {
-                assert_eq!(out.status.code(), Some(2), "{name}");
+                assert_eq!(out.status.code(), Some(3), "{name}");
                 assert_eq!(
                     stdout,
                     format!("rejected={}\n", kind.as_str().unwrap()),
@@ -160,7 +160,7 @@ async fn digest_agrees_with_what_the_store_wrote_and_inspect_tells_each_case() {
     );
     assert_eq!(
         (out.status.code(), text(&out.stdout)),
-        (Some(2), "rejected=queue_mismatch\n".to_owned())
+        (Some(3), "rejected=queue_mismatch\n".to_owned())
     );
 
     let conflict_file =
