@@ -6,6 +6,7 @@
 
 mod api;
 mod db;
+mod serve;
 
 use std::process::ExitCode;
 use std::sync::atomic::AtomicBool;
@@ -20,7 +21,9 @@ use orbit_sdk::{Credentials, Token};
 use tokio::sync::Notify;
 
 const USAGE: &str = "usage:
-  orbit-dev serve [--listen 127.0.0.1:8080] [--lease-seconds 30] [--max-attempts 5] [--window 64] [--enable-fault-api]
+  orbit-dev serve [--listen 127.0.0.1:8080] [--lease-seconds 30] [--max-attempts 5] [--window 64]
+                  [--header-timeout-seconds 10] [--body-timeout-seconds 30] [--max-connections 1024]
+                  [--enable-fault-api]
   orbit-dev bootstrap --application NAME --namespace NAME --environment NAME --queue ID [--event-access] --output PATH [--force]
 
 environment:
@@ -104,6 +107,7 @@ struct ServeOptions {
     max_attempts: u32,
     window: u32,
     fault_api: bool,
+    limits: serve::Limits,
 }
 
 fn number(flag: &str, value: Option<&String>, min: u64, max: u64) -> Result<u64, Failure> {
@@ -120,6 +124,7 @@ fn parse_serve(args: &[String]) -> Result<ServeOptions, Failure> {
         max_attempts: 5,
         window: 64,
         fault_api: false,
+        limits: serve::Limits::default(),
     };
     let mut it = args.iter();
     while let Some(flag) = it.next() {
@@ -133,6 +138,15 @@ fn parse_serve(args: &[String]) -> Result<ServeOptions, Failure> {
             "--lease-seconds" => o.lease = Duration::from_secs(number(flag, it.next(), 1, 3600)?),
             "--max-attempts" => o.max_attempts = number(flag, it.next(), 1, 1000)? as u32,
             "--window" => o.window = number(flag, it.next(), 1, 10_000)? as u32,
+            "--header-timeout-seconds" => {
+                o.limits.header_timeout = Duration::from_secs(number(flag, it.next(), 1, 3600)?)
+            }
+            "--body-timeout-seconds" => {
+                o.limits.body_timeout = Duration::from_secs(number(flag, it.next(), 1, 3600)?)
+            }
+            "--max-connections" => {
+                o.limits.max_connections = number(flag, it.next(), 1, 100_000)? as usize
+            }
             "--enable-fault-api" => o.fault_api = true,
             other => return Err(usage(&format!("unknown argument `{other}`"))),
         }
@@ -164,7 +178,7 @@ async fn serve(o: ServeOptions, dsn: String) -> Result<(), Failure> {
     });
     tokio::spawn(api::expire_leases(platform.clone()));
     println!("listening={addr}");
-    let app = api::router(platform);
+    let app = api::router(platform, o.limits.body_timeout);
     let stop = async {
         use tokio::signal::unix::{signal, SignalKind};
         if let (Ok(mut term), Ok(mut int)) = (
@@ -174,8 +188,7 @@ async fn serve(o: ServeOptions, dsn: String) -> Result<(), Failure> {
             tokio::select! { _ = term.recv() => {}, _ = int.recv() => {} }
         }
     };
-    axum::serve(listener, app)
-        .with_graceful_shutdown(stop)
+    serve::run(listener, app, o.limits, stop)
         .await
         .map_err(|e| (1, format!("server failed: {e}")))
 }

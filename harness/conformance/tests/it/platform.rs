@@ -914,3 +914,84 @@ async fn every_error_at_the_edges_is_the_documented_json() {
     assert_eq!(foreign, unknown, "one answer for both");
     assert!(foreign.contains("no such delivery"), "{foreign}");
 }
+
+/// Whether the server closes `stream` within `within` (a read returns end of file or an error),
+/// and what it sent before closing.
+fn closed_within(stream: &mut std::net::TcpStream, within: Duration) -> (bool, String) {
+    use std::io::Read;
+    stream.set_read_timeout(Some(within)).unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match stream.read(&mut buf) {
+            Ok(0) => return (true, String::from_utf8_lossy(&got).into_owned()),
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {
+                return (true, String::from_utf8_lossy(&got).into_owned())
+            }
+            Err(_) => return (false, String::from_utf8_lossy(&got).into_owned()),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_and_idle_clients_are_cut_off_and_connections_are_limited() {
+    use std::io::Write;
+    let orbit = OrbitDev::start(&[
+        "--header-timeout-seconds",
+        "1",
+        "--body-timeout-seconds",
+        "1",
+        "--max-connections",
+        "3",
+    ])
+    .await;
+    let token = orbit.credentials().token.expose().to_owned();
+    // A head that never ends: closed after the header timeout.
+    let mut trickle = std::net::TcpStream::connect(&orbit.addr).unwrap();
+    trickle
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+        .unwrap();
+    let started = Instant::now();
+    let (closed, _) = closed_within(&mut trickle, Duration::from_secs(5));
+    assert!(closed, "a partial head was not cut off");
+    assert!(started.elapsed() < Duration::from_secs(4));
+    // A body that stalls: 408 with the documented error after the body timeout.
+    let mut stall = std::net::TcpStream::connect(&orbit.addr).unwrap();
+    write!(
+        stall,
+        "POST /v1/subscriptions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\nContent-Type: application/json\r\nContent-Length: 100\r\nConnection: close\r\n\r\n{{\"queue\":"
+    )
+    .unwrap();
+    let (closed, reply) = closed_within(&mut stall, Duration::from_secs(5));
+    assert!(closed, "a stalled body was not cut off");
+    assert!(reply.starts_with("HTTP/1.1 408"), "{reply}");
+    assert!(reply.contains(r#""code":"body_timeout""#), "{reply}");
+
+    // Three connections at most: with three held open, a fourth is not served until one of
+    // them goes.
+    let orbit =
+        OrbitDev::start(&["--header-timeout-seconds", "60", "--max-connections", "3"]).await;
+    let mut held: Vec<std::net::TcpStream> = (0..3)
+        .map(|_| {
+            let mut s = std::net::TcpStream::connect(&orbit.addr).unwrap();
+            s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+                .unwrap();
+            s
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut fourth = std::net::TcpStream::connect(&orbit.addr).unwrap();
+    fourth
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let (answered, reply) = closed_within(&mut fourth, Duration::from_secs(1));
+    assert!(
+        !answered && reply.is_empty(),
+        "served past the limit: {reply}"
+    );
+    held.pop();
+    let (answered, reply) = closed_within(&mut fourth, Duration::from_secs(5));
+    assert!(answered, "not served after a slot was freed");
+    assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+}

@@ -138,6 +138,38 @@ pub const URI_LIMIT: usize = 8 * 1024;
 /// The most header bytes (names and values) answered; more get 431.
 pub const HEADERS_LIMIT: usize = 16 * 1024;
 
+/// Reads a request's body within `timeout` (a client trickling or stalling its body would
+/// otherwise hold its connection for as long as it likes): 408 `body_timeout` when it does
+/// not arrive in time, 413 when it is over [`BODY_LIMIT`].
+async fn body_in_time(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+    timeout: Duration,
+) -> Response {
+    let (parts, body) = request.into_parts();
+    match tokio::time::timeout(timeout, axum::body::to_bytes(body, BODY_LIMIT)).await {
+        Ok(Ok(bytes)) => {
+            next.run(axum::extract::Request::from_parts(parts, bytes.into()))
+                .await
+        }
+        Ok(Err(_)) => ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "body_too_large",
+            format!("the request body is over {BODY_LIMIT} bytes, or broke off"),
+        )
+        .into_response(),
+        Err(_) => ApiError::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "body_timeout",
+            format!(
+                "the request body did not arrive within {} s",
+                timeout.as_secs()
+            ),
+        )
+        .into_response(),
+    }
+}
+
 /// Answers a request whose target or headers are over the limits with the documented JSON
 /// error, before any handler runs. (Past hyper's own, larger limits the connection gets
 /// hyper's bare 414 or 431.)
@@ -176,7 +208,7 @@ impl IntoResponse for ApiError {
 
 type ApiResult<T> = Result<T, ApiError>;
 
-pub fn router(p: Shared) -> Router {
+pub fn router(p: Shared, body_timeout: Duration) -> Router {
     let mut r = Router::new()
         .route(
             "/healthz",
@@ -209,6 +241,9 @@ pub fn router(p: Shared) -> Router {
             )
         })
         .layer(axum::extract::DefaultBodyLimit::max(BODY_LIMIT))
+        .layer(axum::middleware::from_fn(move |request, next| {
+            body_in_time(request, next, body_timeout)
+        }))
         .layer(axum::middleware::from_fn(limits))
         .with_state(p)
 }
