@@ -465,6 +465,8 @@ async fn an_isolated_node_is_unavailable_writes_nothing_and_spends_no_attempt() 
     let isolated = c.node(2);
     let store = c.store(2).await.unwrap();
     isolated.isolate(true).expect("node 3 isolated");
+    // Should an assertion fail below, node 3 still rejoins for the tests after this one.
+    let _rejoin = Rejoin(isolated);
 
     // The library: 1047 is unavailable, at connect and at apply, and nothing is written.
     let refused = c
@@ -542,6 +544,21 @@ async fn an_isolated_node_is_unavailable_writes_nothing_and_spends_no_attempt() 
     assert!(consumer.output().contains("database ready after"));
     consumer.stop().await;
     assert_eq!(c.inbox_rows(0).await, 5);
+}
+
+/// Lets an isolated node rejoin when dropped, if it has not already.
+struct Rejoin(&'static Server);
+
+impl Drop for Rejoin {
+    fn drop(&mut self) {
+        if !self
+            .0
+            .wsrep_status("wsrep_cluster_status")
+            .is_ok_and(|s| s == "Primary")
+        {
+            let _ = self.0.isolate(false);
+        }
+    }
 }
 
 /// `receiver consume`'s environment against `orbit`, with its database on node `i`.
