@@ -216,6 +216,68 @@ async fn two_rows(
     .await
 }
 
+/// The two other ways to advance an existing view, measured against the store's upsert on the
+/// floor's copies of the tables (tasks `f-<tag>-<i>`, whose views the floor phase wrote): a
+/// single-table `UPDATE … WHERE task_version < ?` (`lock_first = false`), or the earlier design's
+/// `SELECT … FOR UPDATE` and then the `UPDATE` (`lock_first = true`). Each is `BEGIN`, the inbox
+/// row, the view change, `COMMIT`; neither handles the absent or newer view, which the upsert
+/// also covers in the same statement.
+async fn advance_candidate(
+    conns: &Conns,
+    tag: &str,
+    ops: usize,
+    concurrency: usize,
+    version: u64,
+    lock_first: bool,
+) -> Stats {
+    let (conns, tag) = (conns.clone(), tag.to_owned());
+    measure(ops, concurrency, move |i| {
+        let (conns, tag) = (conns.clone(), tag.clone());
+        async move {
+            let task = format!("f-{tag}-{i}");
+            let e = event(&task, &format!("c{version}-{tag}-{i}"), version);
+            let mut conn = conns[i % conns.len()].lock().await;
+            conn.execute("BEGIN").await.unwrap();
+            sqlx::query(FLOOR_INBOX)
+                .bind(e.id().as_str().as_bytes())
+                .bind(&e.digest().0[..])
+                .bind(e.canonical())
+                .execute(&mut *conn)
+                .await
+                .unwrap();
+            if lock_first {
+                sqlx::query(
+                    "SELECT task_version FROM bench_view WHERE consumer_name = 'task-result-view' \
+                     AND queue_id = 'inbox-demo' AND task_id = ? FOR UPDATE",
+                )
+                .bind(task.as_bytes())
+                .fetch_one(&mut *conn)
+                .await
+                .unwrap();
+            }
+            let changed = sqlx::query(
+                "UPDATE bench_view SET task_version = ?, last_event_id = ?, last_state = ?, \
+                 last_result = ?, applied_events = applied_events + 1, updated_at = UTC_TIMESTAMP(6) \
+                 WHERE consumer_name = 'task-result-view' AND queue_id = 'inbox-demo' \
+                 AND task_id = ? AND task_version < ?",
+            )
+            .bind(e.version())
+            .bind(e.id().as_str().as_bytes())
+            .bind(e.state().as_str().as_bytes())
+            .bind(e.result())
+            .bind(task.as_bytes())
+            .bind(e.version())
+            .execute(&mut *conn)
+            .await
+            .unwrap()
+            .rows_affected();
+            assert_eq!(changed, 1);
+            conn.execute("COMMIT").await.unwrap();
+        }
+    })
+    .await
+}
+
 fn main() {
     #[allow(clippy::disallowed_methods)] // a bench knob, not receiver configuration
     let ops: usize = std::env::var("APPLY_BENCH_EVENTS")
@@ -312,6 +374,18 @@ fn main() {
                 .await
             })
             .await;
+            let plain_update =
+                advance_candidate(&conns, &tag, ops, concurrency, 6, false).await;
+            let lock_then_update =
+                advance_candidate(&conns, &tag, ops, concurrency, 7, true).await;
+            println!(
+                "  existing task, candidates at c{concurrency}: the store's upsert {:.0}/s; UPDATE … WHERE task_version < ? {:.0}/s (÷ upsert {:.2}); SELECT … FOR UPDATE + UPDATE {:.0}/s (÷ upsert {:.2})",
+                existing.per_second,
+                plain_update.per_second,
+                plain_update.per_second / existing.per_second,
+                lock_then_update.per_second,
+                lock_then_update.per_second / existing.per_second,
+            );
             let duplicate = counted(&admin, ops, async {
                 let (store, evs) = (store.clone(), first_events.clone());
                 measure(ops, concurrency, move |i| {
