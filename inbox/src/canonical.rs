@@ -455,9 +455,11 @@ fn unescape_bytes(body: &[u8]) -> Vec<u8> {
     out
 }
 
-/// Whether any byte of `word` (eight input bytes) ends a run of a string: `"`, `\` or a
-/// control character. The classic zero-byte test, on the word xor-ed with each stop byte.
-fn stops_in(word: u64) -> bool {
+/// The bytes of `word` (eight input bytes, little-endian) that end a run of a string (`"`, `\`
+/// or a control character) as a mask with the high bit of each such byte set. The classic
+/// zero-byte test, on the word xor-ed with each stop byte; a borrow can only mark bytes above a
+/// true stop, so the lowest marked byte is always the first stop.
+fn stops_in(word: u64) -> u64 {
     const ONES: u64 = 0x0101_0101_0101_0101;
     const HIGHS: u64 = 0x8080_8080_8080_8080;
     let zero = |x: u64| x.wrapping_sub(ONES) & !x & HIGHS;
@@ -465,7 +467,7 @@ fn stops_in(word: u64) -> bool {
     let backslash = zero(word ^ (ONES * u64::from(b'\\')));
     // A byte below 0x20 (its high bit clear, and subtracting 0x20 borrows).
     let control = word.wrapping_sub(ONES * 0x20) & !word & HIGHS;
-    quote | backslash | control != 0
+    quote | backslash | control
 }
 
 impl<'a> Writer<'a> {
@@ -888,8 +890,11 @@ impl<'a> Writer<'a> {
         let bytes = self.bytes;
         while let Some(chunk) = bytes.get(self.pos..self.pos + 8) {
             let word = u64::from_le_bytes(chunk.try_into().expect("eight bytes"));
-            if stops_in(word) {
-                break;
+            let stops = stops_in(word);
+            if stops != 0 {
+                // The first stop's byte, straight from the mask.
+                self.pos += (stops.trailing_zeros() / 8) as usize;
+                return;
             }
             self.pos += 8;
         }
