@@ -160,6 +160,17 @@ async fn dedicated(url: &str, n: usize) -> Conns {
     Arc::new(v)
 }
 
+/// The inbox row of `e` in the floor's copy of the inbox table.
+async fn floor_inbox_row(conn: &mut MySqlConnection, e: &TaskEvent) {
+    sqlx::query(FLOOR_INBOX)
+        .bind(e.id().as_str().as_bytes())
+        .bind(&e.digest().0[..])
+        .bind(e.canonical())
+        .execute(conn)
+        .await
+        .unwrap();
+}
+
 /// Baseline (a): `BEGIN`, one row, `COMMIT`.
 async fn bare_commits(conns: &Conns, tag: &str, ops: usize, concurrency: usize) -> Stats {
     let (conns, tag) = (conns.clone(), tag.to_owned());
@@ -194,13 +205,7 @@ async fn two_rows(
             let e = &evs[i];
             let mut conn = conns[i % conns.len()].lock().await;
             conn.execute("BEGIN").await.unwrap();
-            sqlx::query(FLOOR_INBOX)
-                .bind(e.id().as_str().as_bytes())
-                .bind(&e.digest().0[..])
-                .bind(e.canonical())
-                .execute(&mut *conn)
-                .await
-                .unwrap();
+            floor_inbox_row(&mut conn, e).await;
             sqlx::query(FLOOR_VIEW)
                 .bind(e.task().as_str().as_bytes())
                 .bind(e.version())
@@ -238,13 +243,7 @@ async fn advance_candidate(
             let e = event(&task, &format!("c{version}-{tag}-{i}"), version);
             let mut conn = conns[i % conns.len()].lock().await;
             conn.execute("BEGIN").await.unwrap();
-            sqlx::query(FLOOR_INBOX)
-                .bind(e.id().as_str().as_bytes())
-                .bind(&e.digest().0[..])
-                .bind(e.canonical())
-                .execute(&mut *conn)
-                .await
-                .unwrap();
+            floor_inbox_row(&mut conn, &e).await;
             if lock_first {
                 sqlx::query(
                     "SELECT task_version FROM bench_view WHERE consumer_name = 'task-result-view' \

@@ -18,18 +18,17 @@
 
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::{self, Signal};
 use nix::unistd::Pid;
 use sqlx::{Connection, Executor, MySqlConnection, Row};
 
-use crate::cleanup::{register, root_dir, sweep_leftovers, unregister_pid, Cleanup};
+use crate::cleanup::{register, root_dir, sweep_leftovers, Cleanup};
 use crate::local::{find_program, free_loopback_port, tail, LocalServer, Program};
-use crate::process::{is_root, spawn_long_lived};
+use crate::process::{is_root, spawn_long_lived, Running};
 use crate::{provision, Error};
 
 /// Names the Galera provider library, when it is not in one of [`PROVIDER_PATHS`].
@@ -79,7 +78,7 @@ struct Ports {
 /// One node: its process, its directory and its ports.
 #[derive(Debug)]
 pub(crate) struct Node {
-    child: Mutex<Option<Child>>,
+    child: Running,
     program: Program,
     dir: PathBuf,
     name: String,
@@ -166,27 +165,17 @@ impl Node {
             pid: child.id(),
             dir: self.dir.clone(),
         });
-        *self.child.lock().unwrap_or_else(|p| p.into_inner()) = Some(child);
+        self.child.set(child);
         Ok(())
     }
 
     pub(crate) fn pid(&self) -> Option<u32> {
-        let guard = self.child.lock().unwrap_or_else(|p| p.into_inner());
-        guard.as_ref().map(Child::id)
+        self.child.pid()
     }
 
     /// SIGKILL and reap; returns whether the node was running.
     pub(crate) fn kill(&self) -> bool {
-        let mut guard = self.child.lock().unwrap_or_else(|p| p.into_inner());
-        match guard.take() {
-            Some(mut child) => {
-                let _ = child.kill();
-                let _ = child.wait();
-                unregister_pid(child.id());
-                true
-            }
-            None => false,
-        }
+        self.child.kill()
     }
 
     /// Sends `sig` to the running node; returns whether there was one.
@@ -198,8 +187,7 @@ impl Node {
     }
 
     fn exited(&self) -> Option<std::process::ExitStatus> {
-        let mut guard = self.child.lock().unwrap_or_else(|p| p.into_inner());
-        guard.as_mut().and_then(|c| c.try_wait().ok().flatten())
+        self.child.exited()
     }
 
     fn admin_url(&self) -> String {
@@ -418,7 +406,7 @@ fn start_in(
         fs::create_dir_all(node_dir.join("tmp"))
             .map_err(Error::io(format!("cannot create {}", node_dir.display())))?;
         nodes.push(Node {
-            child: Mutex::new(None),
+            child: Running::default(),
             program: program.clone(),
             dir: node_dir,
             name: format!("node{i}"),

@@ -11,11 +11,10 @@ use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use crate::cleanup::{register, root_dir, sweep_leftovers, unregister_pid, Cleanup};
-use crate::process::{is_root, spawn_long_lived};
+use crate::process::{is_root, spawn_long_lived, Running};
 use crate::{provision, Error, READY_TIMEOUT};
 
 /// Which server program, and how to make a datadir for it.
@@ -88,7 +87,7 @@ pub(crate) fn tail(path: &Path, bytes: u64) -> String {
 /// A running local server. Dropping it kills the server and removes its directory.
 #[derive(Debug)]
 pub(crate) struct LocalServer {
-    child: Mutex<Option<Child>>,
+    child: Running,
     pid: AtomicU32,
     program: Program,
     dir: PathBuf,
@@ -195,7 +194,7 @@ impl LocalServer {
         let child = Self::spawn(program, dir, port)?;
         let pid = child.id();
         let mut server = LocalServer {
-            child: Mutex::new(Some(child)),
+            child: Running::new(child),
             pid: AtomicU32::new(pid),
             program: program.clone(),
             dir: dir.to_path_buf(),
@@ -263,7 +262,7 @@ impl LocalServer {
         let child = Self::spawn(&self.program, &self.dir, self.port)?;
         let old = self.pid.swap(child.id(), Ordering::SeqCst);
         unregister_pid(old);
-        *self.child.lock().unwrap_or_else(|p| p.into_inner()) = Some(child);
+        self.child.set(child);
         self.wait_ready(&self.dir.join("error.log")).map(|_| ())
     }
 
@@ -314,8 +313,7 @@ impl LocalServer {
     }
 
     fn try_wait(&self) -> Option<std::process::ExitStatus> {
-        let mut guard = self.child.lock().unwrap_or_else(|p| p.into_inner());
-        guard.as_mut().and_then(|c| c.try_wait().ok().flatten())
+        self.child.exited()
     }
 
     pub(crate) fn port(&self) -> u16 {
@@ -327,8 +325,7 @@ impl LocalServer {
     }
 
     pub(crate) fn pid(&self) -> Option<u32> {
-        let guard = self.child.lock().unwrap_or_else(|p| p.into_inner());
-        guard.as_ref().map(Child::id)
+        self.child.pid()
     }
 
     pub(crate) fn log_path(&self) -> PathBuf {
@@ -337,15 +334,7 @@ impl LocalServer {
 
     /// SIGKILL and reap; returns whether the server was still running.
     pub(crate) fn kill(&self) -> bool {
-        let mut guard = self.child.lock().unwrap_or_else(|p| p.into_inner());
-        match guard.take() {
-            Some(mut child) => {
-                let _ = child.kill();
-                let _ = child.wait();
-                true
-            }
-            None => false,
-        }
+        self.child.kill()
     }
 }
 

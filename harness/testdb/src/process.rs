@@ -4,9 +4,9 @@
 
 use std::fs;
 use std::os::unix::process::CommandExt;
-use std::process::{Child, Command};
+use std::process::{Child, Command, ExitStatus};
 use std::sync::mpsc;
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Mutex, MutexGuard, OnceLock};
 
 use nix::sys::prctl;
 use nix::sys::signal::{self, Signal};
@@ -76,4 +76,48 @@ pub(crate) fn kill(pid: i32) {
 /// Whether this process runs as root (the servers then need `--user=root`).
 pub(crate) fn is_root() -> bool {
     nix::unistd::geteuid().is_root()
+}
+
+/// A server process of ours while it runs: its pid, whether it exited, and a kill that reaps it
+/// and drops its exit-cleanup entry. Shared by local servers and cluster nodes.
+#[derive(Debug, Default)]
+pub(crate) struct Running(Mutex<Option<Child>>);
+
+impl Running {
+    pub(crate) fn new(child: Child) -> Running {
+        Running(Mutex::new(Some(child)))
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Option<Child>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Holds `child` from now on (after a restart).
+    pub(crate) fn set(&self, child: Child) {
+        *self.lock() = Some(child);
+    }
+
+    pub(crate) fn pid(&self) -> Option<u32> {
+        self.lock().as_ref().map(Child::id)
+    }
+
+    /// How the process ended, if it has.
+    pub(crate) fn exited(&self) -> Option<ExitStatus> {
+        self.lock()
+            .as_mut()
+            .and_then(|c| c.try_wait().ok().flatten())
+    }
+
+    /// SIGKILL and reap; returns whether it was running.
+    pub(crate) fn kill(&self) -> bool {
+        match self.lock().take() {
+            Some(mut child) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                crate::cleanup::unregister_pid(child.id());
+                true
+            }
+            None => false,
+        }
+    }
 }

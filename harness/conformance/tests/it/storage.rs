@@ -166,8 +166,9 @@ impl BusinessWrite for LedgerWrite {
     }
 }
 
-#[tokio::test]
-async fn a_failing_caller_write_is_reported_by_its_code_never_by_the_server_text() {
+/// A receiver database with the caller's own `business_ledger` table, which the runtime
+/// account may read and insert into; and an admin connection on it.
+async fn with_ledger() -> (ReceiverDb, sqlx::MySqlConnection) {
     let rdb = ReceiverDb::new().await;
     let mut admin = rdb.admin().await;
     admin
@@ -184,6 +185,12 @@ async fn a_failing_caller_write_is_reported_by_its_code_never_by_the_server_text
         )
         .await
         .unwrap();
+    (rdb, admin)
+}
+
+#[tokio::test]
+async fn a_failing_caller_write_is_reported_by_its_code_never_by_the_server_text() {
+    let (rdb, mut admin) = with_ledger().await;
     // The ledger already holds this id: the caller's insert fails with the server's
     // "Duplicate entry 'evt-secret-7' for key 'PRIMARY'", which quotes the row.
     admin
@@ -209,22 +216,7 @@ async fn a_failing_caller_write_is_reported_by_its_code_never_by_the_server_text
 
 #[tokio::test]
 async fn a_failing_caller_write_rolls_back_inbox_view_and_its_own_rows() {
-    let rdb = ReceiverDb::new().await;
-    let mut admin = rdb.admin().await;
-    admin
-        .execute("CREATE TABLE business_ledger (event_id VARBINARY(128) PRIMARY KEY, outcome VARCHAR(16) NOT NULL)")
-        .await
-        .unwrap();
-    admin
-        .execute(
-            format!(
-                "GRANT SELECT, INSERT ON `{}`.business_ledger TO '{}'@'%'",
-                rdb.db.receiver_db, rdb.db.runtime.user
-            )
-            .as_str(),
-        )
-        .await
-        .unwrap();
+    let (rdb, _admin) = with_ledger().await;
     let store = rdb.store().await;
     let event = EventSpec::cancelled("evt-w", "task-w", 1).event();
 

@@ -106,22 +106,15 @@ pub(super) async fn add_budget(
     if !(1..=10).contains(&req.add) {
         return Err(ApiError::invalid("add must be from 1 to 10"));
     }
-    visible_delivery(&p, &c, &id).await?;
-    let changed = sqlx::query("UPDATE orbit_deliveries SET budget = budget + ?, state = 'PENDING', updated_at = UTC_TIMESTAMP(6) \
-                               WHERE id = ? AND state = 'EXPIRED'")
-        .bind(req.add)
-        .bind(&id)
-        .execute(&p.pool)
-        .await?
-        .rows_affected();
-    if changed == 0 {
-        return Err(ApiError::conflict(
-            "not_expired",
-            "budget can be added to an EXPIRED delivery only",
-        ));
-    }
-    p.wake.notify_waiters();
-    Ok(Json(visible_delivery(&p, &c, &id).await?))
+    from_expired(
+        &p,
+        &c,
+        &id,
+        "PENDING",
+        req.add,
+        "budget can be added to an EXPIRED delivery only",
+    )
+    .await
 }
 
 /// `POST /v1/deliveries/{id}/discard`: an EXPIRED delivery that can never apply (its event is
@@ -134,22 +127,42 @@ pub(super) async fn discard(
 ) -> ApiResult<Json<orbit_sdk::wire::DeliveryInfo>> {
     let c = caller(&p, &headers).await?;
     c.need(SCOPE_EVENTS_MANAGE)?;
-    visible_delivery(&p, &c, &id).await?;
+    from_expired(
+        &p,
+        &c,
+        &id,
+        "DISCARDED",
+        0,
+        "only an EXPIRED delivery can be discarded",
+    )
+    .await
+}
+
+/// Moves a visible EXPIRED delivery to `state` with `add` more budget (PENDING with budget
+/// added, or DISCARDED), wakes the streams (a slot of the window is free again) and answers the
+/// delivery; `409 not_expired` with `refusal` when it is not EXPIRED.
+async fn from_expired(
+    p: &Platform,
+    c: &Caller,
+    id: &str,
+    state: &str,
+    add: u32,
+    refusal: &'static str,
+) -> ApiResult<Json<orbit_sdk::wire::DeliveryInfo>> {
+    visible_delivery(p, c, id).await?;
     let changed = sqlx::query(
-        "UPDATE orbit_deliveries SET state = 'DISCARDED', updated_at = UTC_TIMESTAMP(6) \
+        "UPDATE orbit_deliveries SET budget = budget + ?, state = ?, updated_at = UTC_TIMESTAMP(6) \
          WHERE id = ? AND state = 'EXPIRED'",
     )
-    .bind(&id)
+    .bind(add)
+    .bind(state)
+    .bind(id)
     .execute(&p.pool)
     .await?
     .rows_affected();
     if changed == 0 {
-        return Err(ApiError::conflict(
-            "not_expired",
-            "only an EXPIRED delivery can be discarded",
-        ));
+        return Err(ApiError::conflict("not_expired", refusal));
     }
-    // A slot of the window is free again.
     p.wake.notify_waiters();
-    Ok(Json(visible_delivery(&p, &c, &id).await?))
+    Ok(Json(visible_delivery(p, c, id).await?))
 }
