@@ -2,7 +2,7 @@
 CARGO ?= cargo
 
 .DEFAULT_GOAL := help
-.PHONY: help deps check build fault-build release test unit integration demo bench bench-proxy bench-instructions
+.PHONY: help deps check build fault-build release test unit integration integration-containers demo bench bench-proxy bench-instructions
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -15,7 +15,8 @@ check: ## Format, lint (warnings denied; the fault build too), build, and check 
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	$(CARGO) clippy -p result-inbox -p receiver -p orbit-sdk --features receiver/fault-barriers --all-targets -- -D warnings
 	$(CARGO) build --workspace
-	$(CARGO) check -p testdb --features container
+	$(CARGO) clippy -p testdb -p conformance --features conformance/container --all-targets -- -D warnings
+	@$(CARGO) tree -p testdb --features container -e normal --prefix none | grep -qx 'bollard v0.21.1' || { echo "testdb's container backend was proven with bollard 0.21.1 (unversioned API paths, which Debian's engine 20.10 accepts): run make integration-containers before changing it, then update this check"; exit 1; }
 	@! $(CARGO) tree -p orbit-sdk -e normal --prefix none | grep -Ei '^(sqlx|mysql)' || { echo "orbit-sdk must not depend on a database driver"; exit 1; }
 	@! $(CARGO) tree -p result-inbox -e normal --features fault-hooks --prefix none | grep -Ei '^(orbit-sdk|reqwest|hyper|h2|http|tungstenite|tokio-tungstenite|axum) ' || { echo "result-inbox (the core) must not depend on the SDK, an HTTP or a WebSocket crate"; exit 1; }
 
@@ -32,18 +33,26 @@ fault-build: ## The test-only receiver-faults binary (the receiver with fault ba
 
 test: deps build fault-build release ## Every test: unit tests, then every real-server suite (as make integration)
 	$(CARGO) test --workspace --exclude conformance
+	$(CARGO) test -p testdb --features container --lib
 	$(CARGO) test -p conformance --lib --bins
 	$(CARGO) test -p conformance --doc
 	$(CARGO) run -q -p conformance --bin integration
 
 unit: ## Only the tests that need no server
 	$(CARGO) test --workspace --exclude conformance
+	$(CARGO) test -p testdb --features container --lib
 
 # Each suite (a module of harness/conformance/tests/it) in its own process with its own
 # temporary MySQL server, three at a time; a summary table; fails if anything is left behind.
 # INTEGRATION_ARGS passes options, e.g. INTEGRATION_ARGS="--only faults,storage".
 integration: deps build fault-build release ## Every real-server suite in parallel, a summary table, a cleanup check (about 1-2 minutes)
 	$(CARGO) run -q -p conformance --bin integration -- $(INTEGRATION_ARGS)
+
+# Under scripts/containers run: Debian's docker.io installed if missing, an isolated engine of
+# our own, the local MariaDB image (cached in target/containers), and after the run a proof
+# that no process, mount or bridge of the engine is left.
+integration-containers: deps build fault-build release ## The suites again on the container backend (an engine of our own, a local MariaDB image; about 5 minutes)
+	scripts/containers run -- $(CARGO) run -q -p conformance --bin integration -- --containers $(INTEGRATION_ARGS)
 
 demo: deps build ## The whole demo: temporary MySQL, orbit-dev, receiver init and demo
 	$(CARGO) run -q -p conformance --bin demo

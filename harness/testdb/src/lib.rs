@@ -9,11 +9,12 @@
 //! 1. `TESTDB_MYSQL_URL=mysql://admin:password@host:port`: an existing server; the harness
 //!    only creates and drops its own databases and users there (leftovers of a crashed run are
 //!    removed by the next).
-//! 2. With the `container` feature, when a Docker engine answers: MySQL 8.4 in a container.
+//! 2. With the `container` feature, when a Docker engine answers (the one `DOCKER_HOST` names):
+//!    a container of `TESTDB_CONTAINER_IMAGE`, by default MySQL 8.4.
 //! 3. A local `mariadbd` or `mysqld` on a fresh datadir in a temporary directory, listening on
 //!    a free loopback port.
 //!
-//! `TESTDB_BACKEND=existing|container|local` forces one. Servers and their directories are
+//! `TESTDB_BACKEND=url|container|local` forces one. Servers and their directories are
 //! removed when the [`Server`] drops, when the test process exits (the shared server), and, if
 //! the process was killed, by the next run's sweep; a local server also dies with the process
 //! that started it (`PR_SET_PDEATHSIG`). No server outlives the test run.
@@ -28,6 +29,8 @@ mod provision;
 
 #[cfg(feature = "container")]
 mod container;
+#[cfg(feature = "container")]
+pub use container::{DEFAULT_IMAGE, TESTDB_CONTAINER_IMAGE, TESTDB_CONTAINER_WAIT};
 
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -37,7 +40,11 @@ pub use provision::{Account, Provisioned};
 
 /// Names the admin URL of an existing server to use instead of starting one.
 pub const TESTDB_MYSQL_URL: &str = "TESTDB_MYSQL_URL";
-/// Forces a backend: `existing`, `container` or `local`.
+/// When set (to anything), every server started is announced with one line on standard
+/// error, `testdb: server <description>`, written past the test harness's capture: the
+/// integration runner reads which servers a suite had from these lines.
+pub const TESTDB_ANNOUNCE: &str = "TESTDB_ANNOUNCE";
+/// Forces a backend: `url` (the server [`TESTDB_MYSQL_URL`] names), `container` or `local`.
 pub const TESTDB_BACKEND: &str = "TESTDB_BACKEND";
 
 /// How long a starting server has to answer `SELECT 1`.
@@ -147,11 +154,11 @@ impl Server {
     pub fn start() -> Result<Server, Error> {
         let forced = env(TESTDB_BACKEND);
         match forced.as_deref() {
-            Some("existing") => Self::existing(),
+            Some("url") => Self::existing(),
             Some("container") => Self::container(),
             Some("local") => Self::local(),
             Some(other) => Err(Error::Config(format!(
-                "{TESTDB_BACKEND}={other} is not one of existing, container, local"
+                "{TESTDB_BACKEND}={other} is not one of local, container, url"
             ))),
             None => {
                 if env(TESTDB_MYSQL_URL).is_some() {
@@ -186,6 +193,17 @@ impl Server {
             description,
             backend,
         }
+        .announced()
+    }
+
+    /// See [`TESTDB_ANNOUNCE`].
+    fn announced(self) -> Server {
+        if env(TESTDB_ANNOUNCE).is_some() {
+            use std::io::Write;
+            let line = format!("testdb: server {}\n", self.description);
+            let _ = std::io::stderr().write_all(line.as_bytes());
+        }
+        self
     }
 
     fn existing() -> Result<Server, Error> {
@@ -221,7 +239,7 @@ impl Server {
             ..server
         };
         provision::block_on(provision::sweep_leftovers(&server))?;
-        Ok(server)
+        Ok(server.announced())
     }
 
     #[cfg(feature = "container")]

@@ -9,8 +9,15 @@
 //! otherwise the run fails, naming what was left (and removes it). The suites' logs go to
 //! `target/integration-logs/`; a failed suite's log is also printed.
 //!
-//! Options: `--jobs N` (suites at once; default 3), `--only SUITE[,SUITE…]`, and after `--`
-//! arguments for every test process (e.g. `-- --include-ignored`).
+//! Options: `--jobs N` (suites at once; default 3), `--only SUITE[,SUITE…]`, `--containers`,
+//! and after `--` arguments for every test process (e.g. `-- --include-ignored`).
+//!
+//! `--containers` (`make integration-containers`, under `scripts/containers run`, which starts
+//! the engine and names it in `DOCKER_HOST`): the tests are built with the container backend,
+//! and every suite that can runs with `TESTDB_BACKEND=container`; the suites that need a local
+//! server are not run (`make integration` runs them), and the run says why. Which servers a
+//! suite had is read from its log (testdb announces each, `TESTDB_ANNOUNCE`): a suite that had
+//! no container server, or a local one where none is expected, fails the run.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::fs;
@@ -32,14 +39,45 @@ struct Outcome {
     seconds: f64,
     ok: bool,
     log: PathBuf,
+    /// The servers testdb announced in the suite's log.
+    servers: Vec<String>,
 }
 
-const USAGE: &str =
-    "usage: integration [--jobs N] [--only SUITE[,SUITE…]] [-- ARGS FOR EVERY TEST PROCESS…]";
+const USAGE: &str = "usage: integration [--jobs N] [--only SUITE[,SUITE…]] [--containers] [-- ARGS FOR EVERY TEST PROCESS…]";
+
+/// On the container run: suites that need a local server, and why; they are not run there.
+const LOCAL_ONLY: &[(&str, &str)] = &[
+    (
+        "cleanup",
+        "it SIGKILLs test processes and checks that their servers die with them and that the next run sweeps what they left; a container outlives the process that started it",
+    ),
+    (
+        "galera",
+        "a Galera cluster of local nodes (testdb::Cluster), which the tests pause, kill and cut off",
+    ),
+];
+
+/// On the container run: suites on the container server whose database-loss tests start a
+/// local server of their own, and why.
+const PARTLY_LOCAL: &[(&str, &str)] = &[
+    (
+        "faults",
+        "its database-loss tests SIGKILL and restart the receiver's server on the same datadir and port",
+    ),
+    (
+        "metrics",
+        "its outage test kills and restarts the receiver's server",
+    ),
+    (
+        "outage",
+        "each test stops (SIGSTOP), kills or restarts the receiver's server",
+    ),
+];
 
 struct Options {
     jobs: usize,
     only: Option<Vec<String>>,
+    containers: bool,
     extra: Vec<String>,
 }
 
@@ -47,6 +85,7 @@ fn parse_args() -> Result<Options, String> {
     let mut o = Options {
         jobs: 3,
         only: None,
+        containers: false,
         extra: Vec::new(),
     };
     let mut args = std::env::args().skip(1);
@@ -63,6 +102,7 @@ fn parse_args() -> Result<Options, String> {
                 let list = args.next().ok_or("--only needs SUITE[,SUITE…]")?;
                 o.only = Some(list.split(',').map(str::to_owned).collect());
             }
+            "--containers" => o.containers = true,
             "--" => {
                 o.extra = args.by_ref().collect();
             }
@@ -72,8 +112,9 @@ fn parse_args() -> Result<Options, String> {
     Ok(o)
 }
 
-/// The `it` test binary, built if needed, via cargo's JSON messages.
-fn test_binary() -> Result<PathBuf, String> {
+/// The `it` test binary, built if needed, via cargo's JSON messages; with the container
+/// backend compiled in for the container run.
+fn test_binary(containers: bool) -> Result<PathBuf, String> {
     #[allow(clippy::disallowed_methods)] // cargo tells a program it runs where cargo is
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let out = Command::new(cargo)
@@ -86,6 +127,7 @@ fn test_binary() -> Result<PathBuf, String> {
             "--no-run",
             "--message-format=json-render-diagnostics",
         ])
+        .args(containers.then_some("--features=container"))
         .stderr(Stdio::inherit())
         .output()
         .map_err(|e| format!("cannot run cargo: {e}"))?;
@@ -142,15 +184,26 @@ fn counts(log: &str) -> (usize, usize, usize) {
     c
 }
 
-fn run_suite(
-    bin: &Path,
-    suite: &str,
-    tests: &[String],
-    run_dir: &Path,
-    log_dir: &Path,
-    run_id: &str,
-    extra: &[String],
-) -> Outcome {
+/// What every suite of one run shares.
+struct Run {
+    bin: PathBuf,
+    run_dir: PathBuf,
+    log_dir: PathBuf,
+    run_id: String,
+    extra: Vec<String>,
+    containers: bool,
+}
+
+fn run_suite(run: &Run, suite: &str, tests: &[String]) -> Outcome {
+    let Run {
+        bin,
+        run_dir,
+        log_dir,
+        run_id,
+        extra,
+        containers,
+    } = run;
+    let backend = containers.then_some("container");
     let tmp = run_dir.join(suite);
     let log = log_dir.join(format!("{suite}.log"));
     let started = Instant::now();
@@ -163,6 +216,8 @@ fn run_suite(
                 .args(extra)
                 .env("TMPDIR", &tmp)
                 .env(RUN_VAR, run_id)
+                .envs(backend.map(|b| (testdb::TESTDB_BACKEND, b)))
+                .env(testdb::TESTDB_ANNOUNCE, "1")
                 .stdin(Stdio::null())
                 .stdout(f.try_clone()?)
                 .stderr(f)
@@ -171,6 +226,11 @@ fn run_suite(
     let seconds = started.elapsed().as_secs_f64();
     let text = fs::read_to_string(&log).unwrap_or_default();
     let (passed, failed, ignored) = counts(&text);
+    let servers = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("testdb: server "))
+        .map(str::to_owned)
+        .collect();
     let ok = matches!(result, Ok(s) if s.success());
     if let Err(e) = &result {
         eprintln!("integration: cannot run suite {suite}: {e}");
@@ -184,7 +244,48 @@ fn run_suite(
         seconds,
         ok,
         log,
+        servers,
     }
+}
+
+/// On the container run: why a suite needs a local server for some of its tests, if it does.
+fn partly_local(suite: &str) -> Option<&'static str> {
+    PARTLY_LOCAL
+        .iter()
+        .find(|(name, _)| *name == suite)
+        .map(|(_, why)| *why)
+}
+
+/// On the container run: how many container and local servers a suite had, and what is wrong
+/// with that, if anything.
+fn servers_had(o: &Outcome) -> (String, Option<String>) {
+    let container = o
+        .servers
+        .iter()
+        .filter(|d| d.contains("(container "))
+        .count();
+    let local = o.servers.len() - container;
+    let column = match (container, local) {
+        (0, 0) => "none".to_owned(),
+        (c, 0) => format!("{c} container"),
+        (0, l) => format!("{l} local"),
+        (c, l) => format!("{c} container + {l} local"),
+    };
+    let wrong = if container == 0 {
+        Some(format!(
+            "{} had no container server (testdb announced none in {})",
+            o.suite,
+            o.log.display()
+        ))
+    } else if local > 0 && partly_local(&o.suite).is_none() {
+        Some(format!(
+            "{} started {local} local server(s) but is not listed as needing one",
+            o.suite
+        ))
+    } else {
+        None
+    };
+    (column, wrong)
 }
 
 /// Processes that still carry this run's marker: (pid, command line).
@@ -235,7 +336,7 @@ fn main() -> ExitCode {
         }
     };
     let started = Instant::now();
-    let bin = match test_binary().and_then(|b| suites(&b).map(|s| (b, s))) {
+    let bin = match test_binary(options.containers).and_then(|b| suites(&b).map(|s| (b, s))) {
         Ok(found) => found,
         Err(e) => {
             eprintln!("integration: {e}");
@@ -243,6 +344,14 @@ fn main() -> ExitCode {
         }
     };
     let (bin, mut all) = bin;
+    #[allow(clippy::disallowed_methods)] // the engine's address, for the container run
+    let engine = std::env::var_os("DOCKER_HOST");
+    if options.containers && engine.is_none() {
+        eprintln!(
+            "integration: --containers needs a Docker engine in DOCKER_HOST; run it as `make integration-containers`"
+        );
+        return ExitCode::from(2);
+    }
     if let Some(only) = &options.only {
         for name in only {
             if !all.contains_key(name) {
@@ -254,6 +363,14 @@ fn main() -> ExitCode {
             }
         }
         all.retain(|k, _| only.contains(k));
+    }
+    let mut not_run = Vec::new();
+    if options.containers {
+        for (suite, why) in LOCAL_ONLY {
+            if let Some(tests) = all.remove(*suite) {
+                not_run.push((*suite, tests.len(), *why));
+            }
+        }
     }
 
     let run_id = format!("{}-{}", std::process::id(), started.elapsed().as_nanos());
@@ -292,22 +409,22 @@ fn main() -> ExitCode {
     );
     let queue = Arc::new(Mutex::new(queue));
     let results = Arc::new(Mutex::new(Vec::new()));
+    let run = Arc::new(Run {
+        bin,
+        run_dir: run_dir.clone(),
+        log_dir: log_dir.clone(),
+        run_id: run_id.clone(),
+        extra: options.extra.clone(),
+        containers: options.containers,
+    });
     let workers: Vec<_> = (0..options.jobs)
         .map(|_| {
-            let (queue, results, bin, run_dir, log_dir, run_id, extra) = (
-                queue.clone(),
-                results.clone(),
-                bin.clone(),
-                run_dir.clone(),
-                log_dir.clone(),
-                run_id.clone(),
-                options.extra.clone(),
-            );
+            let (queue, results, run) = (queue.clone(), results.clone(), run.clone());
             std::thread::spawn(move || loop {
                 let next = queue.lock().unwrap_or_else(|p| p.into_inner()).pop_front();
                 let Some((suite, tests)) = next else { break };
                 println!("integration: {suite}: running {} tests", tests.len());
-                let o = run_suite(&bin, &suite, &tests, &run_dir, &log_dir, &run_id, &extra);
+                let o = run_suite(&run, &suite, &tests);
                 println!(
                     "integration: {suite}: {} in {:.1} s",
                     if o.ok { "passed" } else { "FAILED" },
@@ -342,13 +459,33 @@ fn main() -> ExitCode {
         .collect();
 
     println!(
-        "\n{:<14} {:>6} {:>7} {:>7} {:>8} {:>8}",
-        "suite", "tests", "passed", "failed", "ignored", "seconds"
+        "\n{:<14} {:>6} {:>7} {:>7} {:>8} {:>8}{}",
+        "suite",
+        "tests",
+        "passed",
+        "failed",
+        "ignored",
+        "seconds",
+        if options.containers { "  servers" } else { "" }
     );
+    let mut mismatches = Vec::new();
     for o in &results {
+        let column = if options.containers {
+            let (column, wrong) = servers_had(o);
+            mismatches.extend(wrong);
+            format!("  {column}")
+        } else {
+            String::new()
+        };
         println!(
-            "{:<14} {:>6} {:>7} {:>7} {:>8} {:>8.1}",
+            "{:<14} {:>6} {:>7} {:>7} {:>8} {:>8.1}{column}",
             o.suite, o.tests, o.passed, o.failed, o.ignored, o.seconds
+        );
+    }
+    for (suite, tests, _) in &not_run {
+        println!(
+            "{suite:<14} {tests:>6} {:>7} {:>7} {:>8} {:>8}  not run: needs a local server",
+            "-", "-", "-", "-"
         );
     }
     let sum = |f: fn(&Outcome) -> usize| results.iter().map(f).sum::<usize>();
@@ -361,6 +498,17 @@ fn main() -> ExitCode {
         sum(|o| o.ignored),
         started.elapsed().as_secs_f64()
     );
+    for (suite, _, why) in &not_run {
+        println!("containers: {suite} not run (make integration runs it): {why}");
+    }
+    for o in &results {
+        if let Some(why) = partly_local(&o.suite).filter(|_| options.containers) {
+            println!("containers: {} had local servers too: {why}", o.suite);
+        }
+    }
+    for wrong in &mismatches {
+        println!("containers: WRONG SERVER: {wrong}");
+    }
 
     // The crash loop's seed, for replaying it, and the Galera suite's figures.
     for o in &results {
@@ -372,7 +520,7 @@ fn main() -> ExitCode {
             println!("{}", line.split("; plan").next().unwrap_or(line));
         }
     }
-    let mut ok = results.iter().all(|o| o.ok);
+    let mut ok = results.iter().all(|o| o.ok) && mismatches.is_empty();
     if leftovers.is_empty() {
         println!("cleanup: no process of this run is left");
     } else {
