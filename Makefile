@@ -2,7 +2,7 @@
 CARGO ?= cargo
 
 .DEFAULT_GOAL := help
-.PHONY: help deps check build fault-build release test unit integration integration-containers demo bench bench-proxy bench-instructions
+.PHONY: help deps check build fault-build mutant-build kit release test unit integration integration-containers demo bench bench-proxy bench-instructions
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -14,6 +14,7 @@ check: ## Format, lint (warnings denied; the fault build too), build, and check 
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	$(CARGO) clippy -p result-inbox -p receiver -p orbit-sdk --features receiver/fault-barriers --all-targets -- -D warnings
+	$(CARGO) clippy -p result-inbox -p receiver --features receiver/mutants --all-targets -- -D warnings
 	$(CARGO) build --workspace
 	$(CARGO) clippy -p testdb -p conformance --features conformance/container --all-targets -- -D warnings
 	@$(CARGO) tree -p testdb --features container -e normal --prefix none | grep -qx 'bollard v0.21.1' || { echo "testdb's container backend was proven with bollard 0.21.1 (unversioned API paths, which Debian's engine 20.10 accepts): run make integration-containers before changing it, then update this check"; exit 1; }
@@ -31,12 +32,24 @@ release: ## The release receiver binary (target/release/receiver); the fault sui
 fault-build: ## The test-only receiver-faults binary (the receiver with fault barriers)
 	$(CARGO) build -p receiver --features fault-barriers --bin receiver-faults
 
-test: deps build fault-build release ## Every test: unit tests, then every real-server suite (as make integration)
+# Only `--bin receiver-mutant`, for the same reason as the fault build.
+mutant-build: ## The test-only receiver-mutant binary (the receiver with one rule broken per RECEIVER_MUTANT)
+	$(CARGO) build -p receiver --features mutants --bin receiver-mutant
+
+# KIT_RECEIVER: the receiver under test (a command line); KIT_ARGS, e.g. "--only schema".
+KIT_RECEIVER ?= target/debug/receiver
+kit: deps build mutant-build ## The conformance kit against our receiver (every case), then each mutant against the case aimed at it (about 2 minutes)
+	@mkdir -p target/kit
+	$(CARGO) run -q -p conformance --bin conformance -- run --receiver '$(KIT_RECEIVER)' --junit target/kit/report.xml $(KIT_ARGS)
+	$(CARGO) run -q -p conformance --bin conformance -- mutants --receiver-mutant target/debug/receiver-mutant
+
+test: deps build fault-build mutant-build release ## Every test: unit tests, every real-server suite (as make integration), then the conformance kit (as make kit)
 	$(CARGO) test --workspace --exclude conformance
 	$(CARGO) test -p testdb --features container --lib
 	$(CARGO) test -p conformance --lib --bins
 	$(CARGO) test -p conformance --doc
 	$(CARGO) run -q -p conformance --bin integration
+	@$(MAKE) --no-print-directory kit
 
 unit: ## Only the tests that need no server
 	$(CARGO) test --workspace --exclude conformance
@@ -45,13 +58,13 @@ unit: ## Only the tests that need no server
 # Each suite (a module of harness/conformance/tests/it) in its own process with its own
 # temporary MySQL server, three at a time; a summary table; fails if anything is left behind.
 # INTEGRATION_ARGS passes options, e.g. INTEGRATION_ARGS="--only faults,storage".
-integration: deps build fault-build release ## Every real-server suite in parallel, a summary table, a cleanup check (about 1-2 minutes)
+integration: deps build fault-build mutant-build release ## Every real-server suite in parallel, a summary table, a cleanup check (about 1-2 minutes)
 	$(CARGO) run -q -p conformance --bin integration -- $(INTEGRATION_ARGS)
 
 # Under scripts/containers run: Debian's docker.io installed if missing, an isolated engine of
 # our own, the local MariaDB image (cached in target/containers), and after the run a proof
 # that no process, mount or bridge of the engine is left.
-integration-containers: deps build fault-build release ## The suites again on the container backend (an engine of our own, a local MariaDB image; about 5 minutes)
+integration-containers: deps build fault-build mutant-build release ## The suites again on the container backend (an engine of our own, a local MariaDB image; about 5 minutes)
 	scripts/containers run -- $(CARGO) run -q -p conformance --bin integration -- --containers $(INTEGRATION_ARGS)
 
 demo: deps build ## The whole demo: temporary MySQL, orbit-dev, receiver init and demo

@@ -22,6 +22,8 @@ pub mod event;
 #[cfg(feature = "fault-hooks")]
 pub mod hooks;
 pub mod identity;
+#[cfg(feature = "mutants")]
+pub mod mutants;
 mod pool;
 pub mod schema;
 pub mod store;

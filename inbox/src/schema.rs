@@ -125,6 +125,24 @@ pub fn statements(sql: &str) -> Vec<String> {
 
 /// Creates the receiver's tables in the database `dsn` names.
 pub async fn init(dsn: &Dsn) -> Result<InitReport, InitError> {
+    init_from(dsn, SCHEMA_SQL).await
+}
+
+/// Test builds only: [`init`] for a mutant receiver, which may change the DDL.
+#[cfg(feature = "mutants")]
+pub async fn init_mutant(
+    dsn: &Dsn,
+    mutant: Option<crate::mutants::Mutant>,
+) -> Result<InitReport, InitError> {
+    match mutant {
+        Some(crate::mutants::Mutant::CaseInsensitiveIds) => {
+            init_from(dsn, &crate::mutants::case_insensitive_schema(SCHEMA_SQL)).await
+        }
+        _ => init(dsn).await,
+    }
+}
+
+async fn init_from(dsn: &Dsn, schema_sql: &str) -> Result<InitReport, InitError> {
     let options = connect_options(dsn).map_err(InitError::Connect)?;
     let mut conn = MySqlConnection::connect_with(&options).await.map_err(|e| {
         let error = StorageError::from_sqlx(&e);
@@ -156,7 +174,7 @@ pub async fn init(dsn: &Dsn) -> Result<InitReport, InitError> {
         });
     }
 
-    for (i, stmt) in statements(SCHEMA_SQL).iter().enumerate() {
+    for (i, stmt) in statements(schema_sql).iter().enumerate() {
         let table = TABLES.get(i).copied().unwrap_or("?");
         conn.execute(stmt.as_str())
             .await

@@ -244,6 +244,9 @@ pub struct StoreOptions {
     /// Test builds only: awaited at [`crate::hooks::POINTS`].
     #[cfg(feature = "fault-hooks")]
     pub barrier: Option<crate::hooks::BarrierHook>,
+    /// Test builds only: the rule this store breaks.
+    #[cfg(feature = "mutants")]
+    pub mutant: Option<crate::mutants::Mutant>,
 }
 
 impl Default for StoreOptions {
@@ -253,6 +256,8 @@ impl Default for StoreOptions {
             apply_timeout: APPLY_TIMEOUT,
             #[cfg(feature = "fault-hooks")]
             barrier: None,
+            #[cfg(feature = "mutants")]
+            mutant: None,
         }
     }
 }
@@ -285,6 +290,8 @@ pub struct Store {
     apply_timeout: Duration,
     #[cfg(feature = "fault-hooks")]
     barrier: Option<crate::hooks::BarrierHook>,
+    #[cfg(feature = "mutants")]
+    mutant: Option<crate::mutants::Mutant>,
 }
 
 /// Names only: the connection options hold the password.
@@ -333,6 +340,8 @@ impl Store {
             apply_timeout: options.apply_timeout,
             #[cfg(feature = "fault-hooks")]
             barrier: options.barrier,
+            #[cfg(feature = "mutants")]
+            mutant: options.mutant,
         };
         // Fail at start, not at the first event, when `init` was never run. A server that
         // accepts the connection and then says nothing must not hold the start forever.
@@ -532,7 +541,14 @@ impl Store {
         conn.execute("BEGIN").await?;
         #[cfg(feature = "fault-hooks")]
         self.barrier("before_insert", event).await;
-        let inserted = sqlx::query(INSERT_INBOX)
+        #[cfg(not(feature = "mutants"))]
+        let insert = INSERT_INBOX;
+        #[cfg(feature = "mutants")]
+        let insert = match self.mutant {
+            Some(crate::mutants::Mutant::InsertIgnore) => crate::mutants::INSERT_INBOX_IGNORE,
+            _ => INSERT_INBOX,
+        };
+        let inserted = sqlx::query(insert)
             .bind(consumer)
             .bind(queue)
             .bind(event_id)
@@ -541,13 +557,29 @@ impl Store {
             .execute(&mut *conn)
             .await;
         match inserted {
+            // The mutant takes a row its IGNORE skipped for a duplicate, unchecked.
+            #[cfg(feature = "mutants")]
+            Ok(r)
+                if r.rows_affected() == 0
+                    && self.mutant == Some(crate::mutants::Mutant::InsertIgnore) =>
+            {
+                conn.execute("COMMIT").await?;
+                return Ok(Step::Committed(Outcome::Duplicate { applied: true }));
+            }
             Ok(_) => {}
             // The inbox has one unique key, so a 1062 here is always the dedup identity.
             Err(e) if mysql_number(&e) == Some(ER_DUP_ENTRY) => return Ok(Step::AlreadyRecorded),
             Err(e) => return Err(e.into()),
         }
 
-        let upserted = sqlx::query(UPSERT_VIEW)
+        #[cfg(not(feature = "mutants"))]
+        let upsert = UPSERT_VIEW;
+        #[cfg(feature = "mutants")]
+        let upsert = match self.mutant {
+            Some(crate::mutants::Mutant::AnyVersion) => crate::mutants::UPSERT_VIEW_ANY_VERSION,
+            _ => UPSERT_VIEW,
+        };
+        let upserted = sqlx::query(upsert)
             .bind(consumer)
             .bind(queue)
             .bind(task)
@@ -625,6 +657,11 @@ impl Store {
                 "inbox row vanished after a duplicate key",
             )))?;
         let stored = digest_column(&row, 0)?;
+        #[cfg(feature = "mutants")]
+        let stored = match self.mutant {
+            Some(crate::mutants::Mutant::NoDigestCompare) => event.digest(),
+            _ => stored,
+        };
         if stored == event.digest() {
             Ok(Outcome::Duplicate {
                 applied: row.try_get(1)?,

@@ -107,6 +107,8 @@ async fn start(
         apply_timeout: config.apply_timeout.unwrap_or(result_inbox::APPLY_TIMEOUT),
         #[cfg(feature = "fault-barriers")]
         barrier: Some(crate::fault::store_hook()),
+        #[cfg(feature = "mutants")]
+        mutant: crate::mutant::active(),
         ..StoreOptions::default()
     };
     let store = connect_store(config, queue, options).await?;
@@ -211,6 +213,17 @@ pub async fn run(
                 let started = Instant::now();
                 metrics.started();
                 let deadline = tokio::time::Instant::from_std(started) + window;
+                #[cfg(feature = "mutants")]
+                if crate::mutant::is(crate::mutant::Mutant::AckBeforeCommit) {
+                    // Success at once; the apply runs behind the ACK.
+                    let (raw, id, attempt) =
+                        (d.event_json().to_owned(), d.delivery_id.clone(), d.attempt);
+                    tokio::spawn(async move {
+                        let h = apply_raw(&store, &queue, raw.as_bytes(), Some(deadline)).await;
+                        h.log(&id, attempt, started.elapsed().as_millis() as u64);
+                    });
+                    return Ok(());
+                }
                 let h = apply_raw(&store, &queue, d.event_json().as_bytes(), Some(deadline)).await;
                 let took = started.elapsed();
                 metrics.handled(&h, took);
@@ -218,6 +231,18 @@ pub async fn run(
                 if h.suspect_database {
                     outage.suspect();
                 }
+                #[cfg(feature = "mutants")]
+                let h = match h.classification {
+                    crate::delivery::Classification::CommitUnconfirmed
+                        if crate::mutant::is(crate::mutant::Mutant::UnconfirmedIsSuccess) =>
+                    {
+                        crate::delivery::Handled {
+                            classification: crate::delivery::Classification::Applied,
+                            ..h
+                        }
+                    }
+                    _ => h,
+                };
                 if h.classification.acks() {
                     #[cfg(feature = "fault-barriers")]
                     crate::fault::barrier("after_commit", h.event_id.as_deref().unwrap_or("-"))

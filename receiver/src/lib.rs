@@ -19,4 +19,6 @@ pub mod demo;
 pub mod fault;
 pub mod inspect;
 pub mod metrics;
+#[cfg(feature = "mutants")]
+pub mod mutant;
 pub mod outage;

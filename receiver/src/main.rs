@@ -179,10 +179,11 @@ fn init() -> ExitCode {
         Ok(c) => c,
         Err(errors) => return config_failed("init", errors),
     };
-    finish(
-        "init",
-        runtime().block_on(result_inbox::schema::init(&config.dsn)),
-    )
+    #[cfg(not(feature = "mutants"))]
+    let init = result_inbox::schema::init(&config.dsn);
+    #[cfg(feature = "mutants")]
+    let init = result_inbox::schema::init_mutant(&config.dsn, receiver::mutant::active());
+    finish("init", runtime().block_on(init))
 }
 
 /// Prints a command's report on stdout (exit 0), or its error as one line on stderr (exit 1).

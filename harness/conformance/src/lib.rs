@@ -5,6 +5,7 @@
 
 use std::path::PathBuf;
 
+pub mod kit;
 pub mod process;
 
 use result_inbox::store::StoreOptions;

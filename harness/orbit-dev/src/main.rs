@@ -172,6 +172,7 @@ async fn serve(o: ServeOptions, dsn: String) -> Result<(), Failure> {
         wake: Notify::new(),
         drop_next_ack_reply: AtomicBool::new(false),
         drop_next_ack: AtomicBool::new(false),
+        stall_next_ack: AtomicBool::new(false),
         close_after_delivery: AtomicBool::new(false),
         skip_next_result_check: AtomicBool::new(false),
         metrics: api::metrics::PlatformMetrics::default(),

@@ -98,6 +98,24 @@ fn the_normal_receiver_binary_has_no_barrier_code_flag_or_variable() {
             );
         }
     }
+    // Nor the kit's mutants (make mutant-build), which the mutant build does contain.
+    let mutant_bin = conformance::workspace_bin("receiver-mutant");
+    let mutant = std::fs::read(&mutant_bin).unwrap();
+    let mutant_needles: &[&[u8]] = &[b"RECEIVER_MUTANT", b"INSERT IGNORE INTO receiver_inbox"];
+    for needle in mutant_needles {
+        let n = String::from_utf8_lossy(needle);
+        assert!(
+            contains(&mutant, needle),
+            "the mutant build should contain {n:?}"
+        );
+        for normal in [receiver_bin(), release_receiver()] {
+            assert!(
+                !contains(&std::fs::read(&normal).unwrap(), needle),
+                "{} contains {n:?}",
+                normal.display()
+            );
+        }
+    }
     // And it has no command, flag or variable that would turn barriers on.
     let help = std::process::Command::new(receiver_bin())
         .args(["consume", "--help"])

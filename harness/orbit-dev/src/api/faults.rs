@@ -1,11 +1,13 @@
 //! The fault API (`--enable-fault-api` only): faults a test arms on the platform's side.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 
 use axum::extract::rejection::JsonRejection;
 use axum::extract::State;
 use axum::Json;
 use serde::Deserialize;
+use serde_json::value::RawValue;
 use sqlx::Row;
 
 use super::tasks::deliver;
@@ -14,11 +16,19 @@ use super::{ApiError, ApiResult, Platform, Shared};
 #[derive(Deserialize)]
 pub(super) struct FaultRequest {
     fault: String,
-    /// For `duplicate-event`: the event to deliver again.
+    /// For `duplicate-event` and `forge-event`: the event to deliver again, or to forge from.
     event_id: Option<String>,
+    /// For `forge-event`: keep the event's id (otherwise a new one).
+    #[serde(default)]
+    keep_id: bool,
+    /// For `forge-event`: the forged event's task version (otherwise the original's).
+    task_version: Option<u64>,
 }
 
-const FAULTS: &str = "drop-next-ack-reply, drop-next-ack, close-stream-after-delivery, skip-next-result-check or duplicate-event";
+const FAULTS: &str = "drop-next-ack-reply, drop-next-ack, stall-next-ack, close-stream-after-delivery, skip-next-result-check, duplicate-event or forge-event";
+
+/// The forged event's `occurred_at`: no platform event carries it.
+const FORGED_AT: &str = "2001-02-03T04:05:06Z";
 
 pub(super) async fn arm_fault(
     State(p): State<Shared>,
@@ -28,6 +38,16 @@ pub(super) async fn arm_fault(
     match req.fault.as_str() {
         "drop-next-ack-reply" => p.drop_next_ack_reply.store(true, Ordering::SeqCst),
         "drop-next-ack" => p.drop_next_ack.store(true, Ordering::SeqCst),
+        "stall-next-ack" => p.stall_next_ack.store(true, Ordering::SeqCst),
+        "forge-event" => {
+            let Some(event_id) = req.event_id.as_deref() else {
+                return Err(ApiError::invalid("forge-event needs \"event_id\""));
+            };
+            let (id, deliveries) = forge_event(&p, event_id, req.keep_id, req.task_version).await?;
+            return Ok(Json(
+                serde_json::json!({"forged": event_id, "event_id": id, "deliveries": deliveries}),
+            ));
+        }
         "close-stream-after-delivery" => p.close_after_delivery.store(true, Ordering::SeqCst),
         "skip-next-result-check" => p.skip_next_result_check.store(true, Ordering::SeqCst),
         "duplicate-event" => {
@@ -79,4 +99,65 @@ async fn duplicate_event(p: &Platform, event_id: &str) -> ApiResult<Vec<String>>
     tx.commit().await?;
     p.wake.notify_waiters();
     Ok(ids)
+}
+
+/// Fault: an event that contradicts an emitted one, delivered like a new event to every enabled
+/// subscription taking its type: the same task, another `occurred_at`, and the same id
+/// (`keep_id`: a publisher that reused an id for other content) or a new one, at the original's
+/// task version (two events claiming one version) or at `task_version` (an older event arriving
+/// late). It is stored under a platform key of its own; the body's `id` is what receivers see.
+/// The id the body carries, and the new deliveries' ids.
+async fn forge_event(
+    p: &Platform,
+    event_id: &str,
+    keep_id: bool,
+    task_version: Option<u64>,
+) -> ApiResult<(String, Vec<String>)> {
+    let mut tx = p.pool.begin().await?;
+    let Some(event) = sqlx::query(
+        "SELECT namespace, queue_id, task_id, event_type, body FROM orbit_events WHERE id = ?",
+    )
+    .bind(event_id)
+    .fetch_optional(&mut *tx)
+    .await?
+    else {
+        return Err(ApiError::not_found(&format!("event {event_id}")));
+    };
+    let namespace: String = event.try_get_unchecked(0)?;
+    let queue: String = event.try_get_unchecked(1)?;
+    let task_id: String = event.try_get_unchecked(2)?;
+    let event_type: String = event.try_get_unchecked(3)?;
+    let body: Vec<u8> = event.try_get(4)?;
+    // Raw values: a result's numbers keep their text.
+    let mut body: BTreeMap<String, Box<RawValue>> = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::invalid(format!("event {event_id} cannot be forged: {e}")))?;
+    let raw = |v: serde_json::Value| RawValue::from_string(v.to_string()).expect("JSON text");
+    let key = crate::db::random_hex(16);
+    let id = if keep_id {
+        event_id.to_owned()
+    } else {
+        key.clone()
+    };
+    body.insert("id".into(), raw(id.clone().into()));
+    body.insert("occurred_at".into(), raw(FORGED_AT.into()));
+    if let Some(version) = task_version.filter(|v| *v >= 1) {
+        body.insert("task_version".into(), raw(version.into()));
+    }
+    let body = serde_json::to_string(&body).expect("a map of JSON values serialises");
+    sqlx::query(
+        "INSERT INTO orbit_events (id, namespace, queue_id, task_id, event_type, body, created_at) \
+         VALUES (?, ?, ?, ?, ?, ?, UTC_TIMESTAMP(6))",
+    )
+    .bind(&key)
+    .bind(&namespace)
+    .bind(&queue)
+    .bind(&task_id)
+    .bind(&event_type)
+    .bind(body.as_bytes())
+    .execute(&mut *tx)
+    .await?;
+    let ids = deliver(p, &mut tx, &namespace, &queue, &key, &event_type, &task_id).await?;
+    tx.commit().await?;
+    p.wake.notify_waiters();
+    Ok((id, ids))
 }

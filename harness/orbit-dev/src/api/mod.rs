@@ -52,6 +52,8 @@ pub struct Platform {
     pub drop_next_ack_reply: AtomicBool,
     /// Fault: drop the next ACK unread (it is never recorded) and close the stream.
     pub drop_next_ack: AtomicBool,
+    /// The next ACK is read and then neither recorded nor answered; its stream stays open.
+    pub stall_next_ack: AtomicBool,
     /// Fault: close the stream right after the next delivery is sent.
     pub close_after_delivery: AtomicBool,
     /// Fault: accept the next reported result without the canonical form's check (as a

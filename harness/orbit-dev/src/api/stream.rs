@@ -287,6 +287,11 @@ async fn serve_stream(p: Shared, sub: String, mut socket: WebSocket) {
                     Ok(ClientMessage::Credit { credit: more }) => credit = credit.saturating_add(more).min(10_000),
                     Ok(ClientMessage::Heartbeat) => {}
                     Ok(ClientMessage::Ack { delivery_id, proof }) => {
+                        if p.stall_next_ack.swap(false, Ordering::SeqCst) {
+                            // The ACK arrived and is never handled: the delivery stays LEASED
+                            // until its lease runs out, and the client waits for an answer.
+                            continue;
+                        }
                         if p.drop_next_ack.swap(false, Ordering::SeqCst) {
                             // The ACK is lost on the way: never recorded, never answered.
                             let _ = socket.close().await;

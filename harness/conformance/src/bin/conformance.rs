@@ -1,0 +1,368 @@
+//! `conformance run --receiver CMD`: the conformance kit against any receiver program (see
+//! `conformance::kit` and the README's "Your own receiver").
+//!
+//! Options: `--only CASE[,CASE…]`, `--seed N` (the crash loop's schedule; by default one from
+//! the clock, printed), `--junit FILE` (a JUnit XML report), `--list` (the cases). Exit 0 only
+//! when every case passed, 1 when one failed, 2 for a bad command line.
+
+use std::fmt::Write as _;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use conformance::kit::{cases, Ctx};
+
+const USAGE: &str = "usage: conformance run --receiver 'COMMAND LINE' [--only CASE[,CASE…]] [--seed N] [--junit FILE]\n       conformance mutants --receiver-mutant PATH\n       conformance list";
+
+/// How long one case may take before the kit gives up on it.
+const CASE_LIMIT: Duration = Duration::from_secs(240);
+
+struct Options {
+    receiver: String,
+    only: Option<Vec<String>>,
+    seed: u64,
+    junit: Option<std::path::PathBuf>,
+}
+
+/// What the command line asks for.
+enum Asked {
+    Run(Options),
+    Mutants(String),
+    Nothing,
+}
+
+fn parse(args: &[String]) -> Result<Asked, String> {
+    let names: Vec<&str> = cases().iter().map(|c| c.name).collect();
+    match args.first().map(String::as_str) {
+        Some("list") | Some("--list") => {
+            for c in cases() {
+                println!("{:<24} {:<32} {}", c.name, c.rules, c.what);
+            }
+            return Ok(Asked::Nothing);
+        }
+        Some("run") => {}
+        Some("mutants") => {
+            let bin = match (args.get(1).map(String::as_str), args.get(2)) {
+                (Some("--receiver-mutant"), Some(bin)) if args.len() == 3 => bin.clone(),
+                _ => return Err(USAGE.into()),
+            };
+            return Ok(Asked::Mutants(bin));
+        }
+        Some("--help") | Some("-h") => {
+            println!("{USAGE}");
+            return Ok(Asked::Nothing);
+        }
+        _ => return Err(USAGE.into()),
+    }
+    let mut receiver = None;
+    let mut only = None;
+    let mut junit = None;
+    let mut seed = None;
+    let mut it = args[1..].iter();
+    while let Some(a) = it.next() {
+        let mut value = |what: &str| {
+            it.next()
+                .cloned()
+                .filter(|v| !v.is_empty())
+                .ok_or(format!("{a} needs {what}"))
+        };
+        match a.as_str() {
+            "--receiver" => receiver = Some(value("a command line")?),
+            "--only" => {
+                let list: Vec<String> = value("CASE[,CASE…]")?
+                    .split(',')
+                    .map(str::to_owned)
+                    .collect();
+                if let Some(bad) = list.iter().find(|n| !names.contains(&n.as_str())) {
+                    return Err(format!(
+                        "--only: no case {bad:?}; cases: {}",
+                        names.join(", ")
+                    ));
+                }
+                only = Some(list);
+            }
+            "--seed" => {
+                let v = value("a number")?;
+                seed = Some(
+                    v.parse()
+                        .map_err(|_| format!("--seed {v:?} is not a whole number"))?,
+                );
+            }
+            "--junit" => junit = Some(value("a file")?.into()),
+            other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
+        }
+    }
+    let receiver = receiver.ok_or(format!("--receiver is required\n{USAGE}"))?;
+    let seed = seed.unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |d| d.as_nanos() as u64)
+    });
+    Ok(Asked::Run(Options {
+        receiver,
+        only,
+        seed,
+        junit,
+    }))
+}
+
+/// One case's result.
+struct Ran {
+    name: &'static str,
+    rules: &'static str,
+    seconds: f64,
+    verdict: Result<String, String>,
+}
+
+fn xml(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            c if (c as u32) < 0x20 && c != '\n' && c != '\t' => {}
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+fn junit(ran: &[Ran], o: &Options, replay: &str, seconds: f64) -> String {
+    let failures = ran.iter().filter(|r| r.verdict.is_err()).count();
+    let mut s = String::from("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n");
+    let _ = writeln!(
+        s,
+        "<testsuite name=\"result-inbox conformance kit\" tests=\"{}\" failures=\"{failures}\" errors=\"0\" time=\"{seconds:.1}\">",
+        ran.len()
+    );
+    let _ = writeln!(
+        s,
+        "  <properties>\n    <property name=\"receiver\" value=\"{}\"/>\n    <property name=\"seed\" value=\"{}\"/>\n    <property name=\"replay\" value=\"{}\"/>\n  </properties>",
+        xml(&o.receiver),
+        o.seed,
+        xml(replay)
+    );
+    for r in ran {
+        let _ = write!(
+            s,
+            "  <testcase classname=\"kit.{}\" name=\"{} [{}]\" time=\"{:.1}\"",
+            xml(r.name),
+            xml(r.name),
+            xml(r.rules),
+            r.seconds
+        );
+        match &r.verdict {
+            Ok(saw) => {
+                let _ = writeln!(
+                    s,
+                    ">\n    <system-out>{}</system-out>\n  </testcase>",
+                    xml(saw)
+                );
+            }
+            Err(why) => {
+                let _ = writeln!(
+                    s,
+                    ">\n    <failure message=\"{}\">{}\nreplay: {replay} --only {}</failure>\n  </testcase>",
+                    xml(why.lines().next().unwrap_or("failed")),
+                    xml(why),
+                    xml(r.name)
+                );
+            }
+        }
+    }
+    s.push_str("</testsuite>\n");
+    s
+}
+
+fn shell_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', "'\\''"))
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let o = match parse(&args) {
+        Ok(Asked::Run(o)) => o,
+        Ok(Asked::Mutants(bin)) => return mutants(&bin),
+        Ok(Asked::Nothing) => return ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("conformance: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("a tokio runtime");
+    let replay = format!(
+        "conformance run --receiver {} --seed {}",
+        shell_quote(&o.receiver),
+        o.seed
+    );
+    let started = Instant::now();
+    let selected: Vec<_> = cases()
+        .into_iter()
+        .filter(|c| {
+            o.only
+                .as_ref()
+                .is_none_or(|only| only.iter().any(|n| n == c.name))
+        })
+        .collect();
+    println!(
+        "conformance: {} case(s) against {}; seed {}",
+        selected.len(),
+        shell_quote(&o.receiver),
+        o.seed
+    );
+    let mut ran = Vec::new();
+    for case in &selected {
+        println!("conformance: {}: running ({})", case.name, case.what);
+        let t = Instant::now();
+        let ctx = Ctx {
+            receiver: o.receiver.clone(),
+            seed: o.seed,
+        };
+        let verdict = runtime.block_on(async {
+            tokio::time::timeout(CASE_LIMIT, case.run(ctx))
+                .await
+                .unwrap_or_else(|_| {
+                    Err(format!(
+                        "the case did not finish within {} s",
+                        CASE_LIMIT.as_secs()
+                    ))
+                })
+        });
+        let seconds = t.elapsed().as_secs_f64();
+        match &verdict {
+            Ok(saw) => println!("conformance: {}: passed in {seconds:.1} s: {saw}", case.name),
+            Err(why) => println!(
+                "conformance: {}: FAILED in {seconds:.1} s: {why}\nconformance: replay: {replay} --only {}",
+                case.name, case.name
+            ),
+        }
+        ran.push(Ran {
+            name: case.name,
+            rules: case.rules,
+            seconds,
+            verdict,
+        });
+    }
+    drop(runtime);
+    let seconds = started.elapsed().as_secs_f64();
+
+    println!(
+        "\n{:<24} {:<32} {:>7} {:>8}",
+        "case", "rules", "result", "seconds"
+    );
+    for r in &ran {
+        println!(
+            "{:<24} {:<32} {:>7} {:>8.1}",
+            r.name,
+            r.rules,
+            if r.verdict.is_ok() {
+                "passed"
+            } else {
+                "FAILED"
+            },
+            r.seconds
+        );
+    }
+    let failed: Vec<&Ran> = ran.iter().filter(|r| r.verdict.is_err()).collect();
+    println!(
+        "{:<24} {:<32} {:>7} {:>8.1}  (wall clock)",
+        "total",
+        format!(
+            "{} passed, {} failed",
+            ran.len() - failed.len(),
+            failed.len()
+        ),
+        "",
+        seconds
+    );
+    for r in &failed {
+        if let Err(why) = &r.verdict {
+            println!("FAILED {}: {why}", r.name);
+        }
+    }
+    println!("seed {} (replay: {replay})", o.seed);
+    if let Some(file) = &o.junit {
+        if let Err(e) = std::fs::write(file, junit(&ran, &o, &replay, seconds)) {
+            eprintln!("conformance: cannot write {}: {e}", file.display());
+            return ExitCode::from(2);
+        }
+        println!("junit: {}", file.display());
+    }
+    if failed.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+/// `conformance mutants`: each mutant against the case aimed at it, which must fail with a
+/// message naming the rule the mutant breaks. A mutant the kit does not catch fails the run.
+fn mutants(bin: &str) -> ExitCode {
+    if !std::path::Path::new(bin).is_file() {
+        eprintln!("conformance: {bin} is missing: `make mutant-build` builds it");
+        return ExitCode::from(2);
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("a tokio runtime");
+    let all = cases();
+    let started = Instant::now();
+    let mut missed = 0;
+    let mut rows = Vec::new();
+    for (mutant, case, rule) in conformance::kit::MUTANTS {
+        let case = all
+            .iter()
+            .find(|c| c.name == *case)
+            .expect("the mutant table names a case");
+        let ctx = Ctx {
+            receiver: format!("env RECEIVER_MUTANT={mutant} {}", shell_quote(bin)),
+            seed: 1,
+        };
+        println!("conformance: mutant {mutant}: running {}", case.name);
+        let t = Instant::now();
+        let verdict = runtime.block_on(async {
+            tokio::time::timeout(CASE_LIMIT, case.run(ctx))
+                .await
+                .unwrap_or_else(|_| Err("did not finish".into()))
+        });
+        let caught = matches!(&verdict, Err(why) if why.contains(rule));
+        if !caught {
+            missed += 1;
+        }
+        let why = match &verdict {
+            Ok(saw) => format!("NOT CAUGHT: the case passed ({saw})"),
+            Err(why) if caught => why.clone(),
+            Err(why) => format!("NOT CAUGHT: the case failed without naming {rule}: {why}"),
+        };
+        println!("conformance: mutant {mutant}: {why}");
+        rows.push((*mutant, case.name, *rule, caught, t.elapsed().as_secs_f64()));
+    }
+    println!(
+        "\n{:<24} {:<24} {:<11} {:>8} {:>8}",
+        "mutant", "caught by", "rule", "result", "seconds"
+    );
+    for (mutant, case, rule, caught, seconds) in &rows {
+        println!(
+            "{mutant:<24} {case:<24} {rule:<11} {:>8} {seconds:>8.1}",
+            if *caught { "caught" } else { "MISSED" }
+        );
+    }
+    println!(
+        "{:<24} {:<24} {:<11} {:>8} {:>8.1}  (wall clock)",
+        "total",
+        format!("{} of {} caught", rows.len() - missed, rows.len()),
+        "",
+        "",
+        started.elapsed().as_secs_f64()
+    );
+    if missed == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
