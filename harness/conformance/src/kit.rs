@@ -312,11 +312,30 @@ impl World {
         Program { child, log }
     }
 
-    /// The runtime DSN through `proxy`.
-    fn via(&self, proxy: &commit_proxy::Proxy) -> String {
-        self.db()
+    /// A `commit-proxy` in front of the receiver's database, which consume connects through
+    /// from now on.
+    async fn behind_proxy(&mut self) -> commit_proxy::Proxy {
+        let proxy = commit_proxy::Proxy::start("127.0.0.1:0", self.db().address())
+            .await
+            .expect("the proxy starts");
+        self.dsn = self
+            .db()
             .runtime_url()
-            .replace(self.db().address(), &proxy.local_addr().to_string())
+            .replace(self.db().address(), &proxy.local_addr().to_string());
+        proxy
+    }
+
+    /// Waits (20 s at most) until event `event`'s inbox row is committed.
+    async fn committed(&self, event: &str) -> Result<(), String> {
+        let end = Instant::now() + Duration::from_secs(20);
+        while self.inbox(event).await.is_empty() {
+            ensure!(
+                Instant::now() < end,
+                "R-STORE-7: no inbox row for the delivered event within 20 s"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Ok(())
     }
 
     /// `CMD init` as the account that may create tables, then the runtime grants.
@@ -998,14 +1017,7 @@ async fn kill_after_commit(ctx: Ctx) -> Verdict {
     // The ACK arrives at the platform and is never handled: the kill lands before it counts.
     w.fault(serde_json::json!({"fault": "stall-next-ack"}));
     let (task, key) = w.cancelled_task().await;
-    let end = Instant::now() + Duration::from_secs(20);
-    while w.inbox(&key).await.is_empty() {
-        ensure!(
-            Instant::now() < end,
-            "R-STORE-7: no inbox row for the delivered event within 20 s"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    w.committed(&key).await?;
     let id = w.deliveries_of(&key).await[0].clone();
     let d = w.delivery(&id).await;
     ensure!(
@@ -1036,24 +1048,14 @@ async fn kill_after_commit(ctx: Ctx) -> Verdict {
 
 async fn ack_after_commit(ctx: Ctx) -> Verdict {
     let mut w = World::start(&ctx, 10).await;
-    let proxy = commit_proxy::Proxy::start("127.0.0.1:0", w.db().address())
-        .await
-        .expect("the proxy starts");
-    w.dsn = w.via(&proxy);
+    let proxy = w.behind_proxy().await;
     proxy
         .arm(RuleSpec::new(Action::Delay { delay_ms: 2000 }).once())
         .expect("the rule arms");
     let _p = w.running().await?;
     let (task, key) = w.cancelled_task().await;
     let id = w.deliveries_of(&key).await[0].clone();
-    let end = Instant::now() + Duration::from_secs(20);
-    while w.inbox(&key).await.is_empty() {
-        ensure!(
-            Instant::now() < end,
-            "R-STORE-7: no inbox row for the delivered event within 20 s"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    w.committed(&key).await?;
     // Committed on the server; the answer is held at the proxy for about 2 s more.
     let d = w.delivery(&id).await;
     ensure!(
@@ -1080,10 +1082,7 @@ async fn ack_after_commit(ctx: Ctx) -> Verdict {
 
 async fn commit_lost(ctx: Ctx) -> Verdict {
     let mut w = World::start(&ctx, SHORT_LEASE).await;
-    let proxy = commit_proxy::Proxy::start("127.0.0.1:0", w.db().address())
-        .await
-        .expect("the proxy starts");
-    w.dsn = w.via(&proxy);
+    let proxy = w.behind_proxy().await;
     let rule = proxy
         .arm(RuleSpec::new(Action::DropCommitOk).once())
         .expect("the rule arms");
@@ -1283,10 +1282,7 @@ async fn crash_loop(ctx: Ctx) -> Verdict {
 
 async fn no_secrets(ctx: Ctx) -> Verdict {
     let mut w = World::start(&ctx, SHORT_LEASE).await;
-    let proxy = commit_proxy::Proxy::start("127.0.0.1:0", w.db().address())
-        .await
-        .expect("the proxy starts");
-    w.dsn = w.via(&proxy);
+    let proxy = w.behind_proxy().await;
     // A lost COMMIT reply and a refused event make the receiver report errors too.
     let rule = proxy
         .arm(RuleSpec::new(Action::DropCommitOk).once())

@@ -73,32 +73,52 @@ pub(super) async fn arm_fault(
 /// The new deliveries' ids.
 async fn duplicate_event(p: &Platform, event_id: &str) -> ApiResult<Vec<String>> {
     let mut tx = p.pool.begin().await?;
-    let Some(event) = sqlx::query(
-        "SELECT namespace, queue_id, task_id, event_type FROM orbit_events WHERE id = ?",
-    )
-    .bind(event_id)
-    .fetch_optional(&mut *tx)
-    .await?
-    else {
-        return Err(ApiError::not_found(&format!("event {event_id}")));
-    };
-    let namespace: String = event.try_get_unchecked(0)?;
-    let queue: String = event.try_get_unchecked(1)?;
-    let task_id: String = event.try_get_unchecked(2)?;
-    let event_type: String = event.try_get_unchecked(3)?;
+    let e = emitted(&mut tx, event_id).await?;
     let ids = deliver(
         p,
         &mut tx,
-        &namespace,
-        &queue,
+        &e.namespace,
+        &e.queue,
         event_id,
-        &event_type,
-        &task_id,
+        &e.event_type,
+        &e.task_id,
     )
     .await?;
     tx.commit().await?;
     p.wake.notify_waiters();
     Ok(ids)
+}
+
+/// An emitted event, as stored.
+struct Emitted {
+    namespace: String,
+    queue: String,
+    task_id: String,
+    event_type: String,
+    body: Vec<u8>,
+}
+
+/// The emitted event `event_id` (404 when there is none).
+async fn emitted(
+    tx: &mut sqlx::Transaction<'_, sqlx::MySql>,
+    event_id: &str,
+) -> ApiResult<Emitted> {
+    let Some(row) = sqlx::query(
+        "SELECT namespace, queue_id, task_id, event_type, body FROM orbit_events WHERE id = ?",
+    )
+    .bind(event_id)
+    .fetch_optional(&mut **tx)
+    .await?
+    else {
+        return Err(ApiError::not_found(&format!("event {event_id}")));
+    };
+    Ok(Emitted {
+        namespace: row.try_get_unchecked(0)?,
+        queue: row.try_get_unchecked(1)?,
+        task_id: row.try_get_unchecked(2)?,
+        event_type: row.try_get_unchecked(3)?,
+        body: row.try_get(4)?,
+    })
 }
 
 /// Fault: an event that contradicts an emitted one, delivered like a new event to every enabled
@@ -114,20 +134,13 @@ async fn forge_event(
     task_version: Option<u64>,
 ) -> ApiResult<(String, Vec<String>)> {
     let mut tx = p.pool.begin().await?;
-    let Some(event) = sqlx::query(
-        "SELECT namespace, queue_id, task_id, event_type, body FROM orbit_events WHERE id = ?",
-    )
-    .bind(event_id)
-    .fetch_optional(&mut *tx)
-    .await?
-    else {
-        return Err(ApiError::not_found(&format!("event {event_id}")));
-    };
-    let namespace: String = event.try_get_unchecked(0)?;
-    let queue: String = event.try_get_unchecked(1)?;
-    let task_id: String = event.try_get_unchecked(2)?;
-    let event_type: String = event.try_get_unchecked(3)?;
-    let body: Vec<u8> = event.try_get(4)?;
+    let Emitted {
+        namespace,
+        queue,
+        task_id,
+        event_type,
+        body,
+    } = emitted(&mut tx, event_id).await?;
     // Raw values: a result's numbers keep their text.
     let mut body: BTreeMap<String, Box<RawValue>> = serde_json::from_slice(&body)
         .map_err(|e| ApiError::invalid(format!("event {event_id} cannot be forged: {e}")))?;
