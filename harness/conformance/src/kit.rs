@@ -206,12 +206,15 @@ struct World {
     own: Option<(Provisioned, Server)>,
 }
 
-/// Leases of `seconds`, the fault API on.
+/// Leases of `seconds`, the fault API on, and a budget of 20 attempts: no case is about an
+/// exhausted budget, and the crash loop's kills must not spend one.
 fn platform_args(seconds: u64) -> Vec<String> {
     vec![
         "--enable-fault-api".into(),
         "--lease-seconds".into(),
         seconds.to_string(),
+        "--max-attempts".into(),
+        "20".into(),
     ]
 }
 
