@@ -2,7 +2,7 @@
 CARGO ?= cargo
 
 .DEFAULT_GOAL := help
-.PHONY: help deps check build fault-build mutant-build kit release test unit integration integration-containers demo bench bench-proxy bench-instructions
+.PHONY: help deps check build fault-build mutant-build kit containers-inside release test unit integration integration-containers demo bench bench-proxy bench-instructions
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -64,8 +64,15 @@ integration: deps build fault-build mutant-build release ## Every real-server su
 # Under scripts/containers run: Debian's docker.io installed if missing, an isolated engine of
 # our own, the local MariaDB image (cached in target/containers), and after the run a proof
 # that no process, mount or bridge of the engine is left.
-integration-containers: deps build fault-build mutant-build release ## The suites again on the container backend (an engine of our own, a local MariaDB image; about 5 minutes)
-	scripts/containers run -- $(CARGO) run -q -p conformance --bin integration -- --containers $(INTEGRATION_ARGS)
+integration-containers: deps build fault-build mutant-build release ## The suites and the kit again on the container backend (an engine of our own, a local MariaDB image; about 7 minutes)
+	scripts/containers run -- $(MAKE) --no-print-directory containers-inside
+
+# Inside scripts/containers run (DOCKER_HOST, TESTDB_BACKEND=container): the suites, then the
+# kit against our receiver on a container server. One feature set for both, so nothing is
+# rebuilt between them.
+containers-inside:
+	$(CARGO) run -q -p conformance --features container --bin integration -- --containers $(INTEGRATION_ARGS)
+	$(CARGO) run -q -p conformance --features container --bin conformance -- run --receiver target/debug/receiver --junit target/kit/report-containers.xml
 
 demo: deps build ## The whole demo: temporary MySQL, orbit-dev, receiver init and demo
 	$(CARGO) run -q -p conformance --bin demo

@@ -78,7 +78,7 @@ pub fn cases() -> Vec<Case> {
     vec![
         case!("schema", "R-SCHEMA-1 R-SCHEMA-5 R-SCHEMA-7", "init makes 2 tables, 17 commented columns, no foreign key, byte-compared identity columns; a second init is refused", schema),
         case!("first-receipt", "R-STORE-5 R-STORE-7 R-CANON-2", "one event: ACKed at its first attempt, one inbox row with the canonical form and its SHA-256, the view at its version", first_receipt),
-        case!("ack-after-commit", "R-STORE-7", "the answer to COMMIT held 2 s by the proxy: while the row is committed and the answer is on its way, the delivery is not ACKed", ack_after_commit),
+        case!("ack-after-commit", "R-STORE-7", "the answer to COMMIT held 1.5 s by the proxy: while the row is committed and the answer is on its way, the delivery is not ACKed", ack_after_commit),
         case!("duplicate", "R-STORE-4", "the same event delivered again: ACKed, still one inbox row, the view advanced once", duplicate),
         case!("stale-version", "R-STORE-6", "an older version arriving late: ACKed and kept as history, the view stays at the newer one", stale_version),
         case!("same-id-other-content", "R-STORE-2 R-STORE-4", "an event with an applied event's id and other content: never ACKed, the stored record unchanged", same_id_other_content),
@@ -1050,16 +1050,17 @@ async fn kill_after_commit(ctx: Ctx) -> Verdict {
 }
 
 async fn ack_after_commit(ctx: Ctx) -> Verdict {
-    let mut w = World::start(&ctx, 10).await;
+    // A lease long enough for an apply budget above the held answer.
+    let mut w = World::start(&ctx, 5).await;
     let proxy = w.behind_proxy().await;
     proxy
-        .arm(RuleSpec::new(Action::Delay { delay_ms: 2000 }).once())
+        .arm(RuleSpec::new(Action::Delay { delay_ms: 1500 }).once())
         .expect("the rule arms");
     let _p = w.running().await?;
     let (task, key) = w.cancelled_task().await;
     let id = w.deliveries_of(&key).await[0].clone();
     w.committed(&key).await?;
-    // Committed on the server; the answer is held at the proxy for about 2 s more.
+    // Committed on the server; the answer is held at the proxy for about 1.5 s more.
     let d = w.delivery(&id).await;
     ensure!(
         d.state != "ACKED",

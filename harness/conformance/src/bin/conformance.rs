@@ -208,8 +208,15 @@ fn main() -> ExitCode {
                 .is_none_or(|only| only.iter().any(|n| n == c.name))
         })
         .collect();
+    let server = match testdb::Server::shared() {
+        Ok(s) => s.description().to_owned(),
+        Err(e) => {
+            eprintln!("conformance: no database server for the cases: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     println!(
-        "conformance: {} case(s) against {}; seed {}",
+        "conformance: {} case(s) against {}; seed {}; databases on {server}",
         selected.len(),
         shell_quote(&o.receiver),
         o.seed
@@ -364,5 +371,115 @@ fn mutants(bin: &str) -> ExitCode {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn options() -> Options {
+        Options {
+            receiver: "env A='b' ./recv <x>".into(),
+            only: None,
+            seed: 7,
+            junit: None,
+        }
+    }
+
+    #[test]
+    fn the_junit_report_escapes_and_marks_each_failure_with_its_message_and_replay() {
+        let ran = [
+            Ran {
+                name: "first-receipt",
+                rules: "R-STORE-7",
+                seconds: 0.5,
+                verdict: Ok("ACKed & <fine>".into()),
+            },
+            Ran {
+                name: "stale-version",
+                rules: "R-STORE-6",
+                seconds: 1.0,
+                verdict: Err("R-STORE-6: \"v1\" moved the view\nsecond line\u{1}".into()),
+            },
+        ];
+        let xml = junit(
+            &ran,
+            &options(),
+            "conformance run --receiver 'x' --seed 7",
+            1.5,
+        );
+        assert!(xml.starts_with("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<testsuite "));
+        assert!(xml.contains("tests=\"2\" failures=\"1\""), "{xml}");
+        assert!(
+            xml.contains("value=\"env A='b' ./recv &lt;x&gt;\""),
+            "{xml}"
+        );
+        assert!(
+            xml.contains("<property name=\"seed\" value=\"7\"/>"),
+            "{xml}"
+        );
+        assert!(
+            xml.contains("<system-out>ACKed &amp; &lt;fine&gt;</system-out>"),
+            "{xml}"
+        );
+        assert!(
+            xml.contains("<failure message=\"R-STORE-6: &quot;v1&quot; moved the view\">"),
+            "{xml}"
+        );
+        assert!(xml.contains("--only stale-version</failure>"), "{xml}");
+        assert!(!xml.contains('\u{1}'), "control characters are left out");
+        assert_eq!(xml.matches("<testcase ").count(), 2);
+        assert!(xml.trim_end().ends_with("</testsuite>"));
+    }
+
+    #[test]
+    fn a_bad_command_line_is_one_clear_error() {
+        let args = |a: &[&str]| a.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+        let err = |a: &[&str]| match parse(&args(a)) {
+            Err(e) => e,
+            Ok(_) => panic!("{a:?} was accepted"),
+        };
+        assert!(err(&["run"]).starts_with("--receiver is required"));
+        assert!(err(&["run", "--receiver", ""]).starts_with("--receiver needs a command line"));
+        assert!(err(&["run", "--receiver", "x", "--only", "nope"])
+            .starts_with("--only: no case \"nope\"; cases: schema,"));
+        assert!(err(&["run", "--receiver", "x", "--seed", "-1"])
+            .starts_with("--seed \"-1\" is not a whole number"));
+        assert!(
+            err(&["run", "--receiver", "x", "--bogus"]).starts_with("unknown argument \"--bogus\"")
+        );
+        assert!(err(&["mutants"]).starts_with("usage:"));
+        assert!(err(&[]).starts_with("usage:"));
+        match parse(&args(&[
+            "run",
+            "--receiver",
+            "r",
+            "--only",
+            "schema,utc",
+            "--seed",
+            "9",
+        ])) {
+            Ok(Asked::Run(o)) => {
+                assert_eq!((o.receiver.as_str(), o.seed), ("r", 9));
+                assert_eq!(o.only, Some(vec!["schema".to_owned(), "utc".to_owned()]));
+            }
+            _ => panic!("a good command line"),
+        }
+    }
+
+    #[test]
+    fn every_mutant_is_aimed_at_a_case_that_names_its_rule() {
+        let all = cases();
+        for (mutant, case, rule) in conformance::kit::MUTANTS {
+            let c = all
+                .iter()
+                .find(|c| c.name == *case)
+                .unwrap_or_else(|| panic!("{mutant}: no case {case}"));
+            assert!(
+                c.rules.contains(rule),
+                "{mutant}: {case} does not prove {rule}"
+            );
+        }
     }
 }
