@@ -77,6 +77,7 @@ macro_rules! case {
 pub fn cases() -> Vec<Case> {
     vec![
         case!("schema", "R-SCHEMA-1 R-SCHEMA-5 R-SCHEMA-7", "init makes 2 tables, 17 commented columns, no foreign key, byte-compared identity columns; a second init is refused", schema),
+        case!("names-by-bytes", "R-SCHEMA-7 R-STORE-4", "two consumer names that differ only in case, on one database: each records the event and keeps a view of its own", names_by_bytes),
         case!("first-receipt", "R-STORE-5 R-STORE-7 R-CANON-2", "one event: ACKed at its first attempt, one inbox row with the canonical form and its SHA-256, the view at its version", first_receipt),
         case!("ack-after-commit", "R-STORE-7", "the answer to COMMIT held 1.5 s by the proxy: while the row is committed and the answer is on its way, the delivery is not ACKed", ack_after_commit),
         case!("duplicate", "R-STORE-4", "the same event delivered again: ACKed, still one inbox row, the view advanced once", duplicate),
@@ -679,6 +680,65 @@ async fn schema(ctx: Ctx) -> Verdict {
         "R-SCHEMA-5: the refused second `init` changed the structure ({after} columns)"
     );
     Ok("2 tables, 17 commented columns, 0 foreign keys, byte-compared identities; second init refused".into())
+}
+
+async fn names_by_bytes(ctx: Ctx) -> Verdict {
+    const OTHER: &str = "KIT-RECEIVER";
+    let mut w = World::start(&ctx, SHORT_LEASE).await;
+    let _a = w.running().await?;
+    let second = w
+        .client
+        .create_subscription(QUEUE, TYPES)
+        .await
+        .expect("a second subscription")
+        .id;
+    let mut env = w.env(&w.dsn.clone());
+    for (k, v) in &mut env {
+        match *k {
+            "RECEIVER_NAME" => *v = OTHER.into(),
+            "ORBIT_SUBSCRIPTION_ID" => *v = second.clone(),
+            _ => {}
+        }
+    }
+    let _b = w.spawn("consume", &env);
+    let (task, key) = w.cancelled_task().await;
+    let ids: Vec<String> = w.deliveries_of(&key).await;
+    let theirs: Vec<String> = w
+        .client
+        .list_deliveries(&second, &Default::default())
+        .await
+        .expect("deliveries listed")
+        .into_iter()
+        .map(|d| d.id)
+        .collect();
+    w.acked(&ids, Duration::from_secs(30), "R-STORE-7").await?;
+    w.acked(&theirs, Duration::from_secs(30), "R-STORE-7")
+        .await?;
+    let mut c = w.admin().await;
+    let views: Vec<(Vec<u8>, u64)> = sqlx::query_as(
+        "SELECT consumer_name, applied_events FROM receiver_task_views WHERE task_id = ? ORDER BY consumer_name",
+    )
+    .bind(&task)
+    .fetch_all(&mut c)
+    .await
+    .expect("views read");
+    let rows: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM receiver_inbox WHERE event_id = ?")
+        .bind(&key)
+        .fetch_one(&mut c)
+        .await
+        .expect("inbox counted");
+    let names: Vec<String> = views
+        .iter()
+        .map(|(n, applied)| format!("{}={applied}", String::from_utf8_lossy(n)))
+        .collect();
+    ensure!(
+        rows == 2 && views.len() == 2 && views.iter().all(|(_, n)| *n == 1),
+        "R-SCHEMA-7: consumers {RECEIVER_NAME} and {OTHER} each took the event, but the database holds {rows} inbox row(s) and views {names:?}: identities must compare byte for byte, or distinct names collide on the unique key"
+    );
+    Ok(format!(
+        "{RECEIVER_NAME} and {OTHER}: two inbox rows, two views ({})",
+        names.join(", ")
+    ))
 }
 
 async fn first_receipt(ctx: Ctx) -> Verdict {
