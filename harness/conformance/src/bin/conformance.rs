@@ -105,6 +105,31 @@ fn parse(args: &[String]) -> Result<Asked, String> {
     }))
 }
 
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("a tokio runtime")
+}
+
+/// Runs `case`, giving up after [`CASE_LIMIT`].
+fn run_case(
+    runtime: &tokio::runtime::Runtime,
+    case: &conformance::kit::Case,
+    ctx: Ctx,
+) -> Result<String, String> {
+    runtime.block_on(async {
+        tokio::time::timeout(CASE_LIMIT, case.run(ctx))
+            .await
+            .unwrap_or_else(|_| {
+                Err(format!(
+                    "the case did not finish within {} s",
+                    CASE_LIMIT.as_secs()
+                ))
+            })
+    })
+}
+
 /// One case's result.
 struct Ran {
     name: &'static str,
@@ -190,10 +215,7 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("a tokio runtime");
+    let runtime = runtime();
     let replay = format!(
         "conformance run --receiver {} --seed {}",
         shell_quote(&o.receiver),
@@ -229,16 +251,7 @@ fn main() -> ExitCode {
             receiver: o.receiver.clone(),
             seed: o.seed,
         };
-        let verdict = runtime.block_on(async {
-            tokio::time::timeout(CASE_LIMIT, case.run(ctx))
-                .await
-                .unwrap_or_else(|_| {
-                    Err(format!(
-                        "the case did not finish within {} s",
-                        CASE_LIMIT.as_secs()
-                    ))
-                })
-        });
+        let verdict = run_case(&runtime, case, ctx);
         let seconds = t.elapsed().as_secs_f64();
         match &verdict {
             Ok(saw) => println!("conformance: {}: passed in {seconds:.1} s: {saw}", case.name),
@@ -313,10 +326,7 @@ fn mutants(bin: &str) -> ExitCode {
         eprintln!("conformance: {bin} is missing: `make mutant-build` builds it");
         return ExitCode::from(2);
     }
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("a tokio runtime");
+    let runtime = runtime();
     let all = cases();
     let started = Instant::now();
     let mut missed = 0;
@@ -332,11 +342,7 @@ fn mutants(bin: &str) -> ExitCode {
         };
         println!("conformance: mutant {mutant}: running {}", case.name);
         let t = Instant::now();
-        let verdict = runtime.block_on(async {
-            tokio::time::timeout(CASE_LIMIT, case.run(ctx))
-                .await
-                .unwrap_or_else(|_| Err("did not finish".into()))
-        });
+        let verdict = run_case(&runtime, case, ctx);
         let caught = matches!(&verdict, Err(why) if why.contains(rule));
         if !caught {
             missed += 1;
