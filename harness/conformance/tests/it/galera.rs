@@ -83,7 +83,18 @@ impl OnCluster {
             .await
             .expect("receiver tables created");
         db.grant_runtime().await.expect("runtime grants given");
-        Some(OnCluster { cluster, db })
+        let me = OnCluster { cluster, db };
+        // Other nodes apply the tables and grants after node 1 has answered: a read with
+        // wsrep_sync_wait on each waits for them, so that no test's first connection to
+        // another node meets a table or a grant not there yet (1142, seen once under load).
+        for i in 0..me.cluster.nodes().len() {
+            let mut c = me.admin(i).await;
+            sqlx::query(&format!("SHOW GRANTS FOR '{}'@'%'", me.db.runtime.user))
+                .fetch_all(&mut c)
+                .await
+                .unwrap_or_else(|e| panic!("node {}: the runtime grants: {e}", i + 1));
+        }
+        Some(me)
     }
 
     fn node(&self, i: usize) -> &'static Server {
