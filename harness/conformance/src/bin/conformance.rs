@@ -181,8 +181,10 @@ fn junit(ran: &[Ran], o: &Options, replay: &str, seconds: f64) -> String {
             Ok(saw) => {
                 let _ = writeln!(
                     s,
-                    ">\n    <system-out>{}</system-out>\n  </testcase>",
-                    xml(saw)
+                    ">\n    <system-out>{}\nseed {}; replay: {replay} --only {}</system-out>\n  </testcase>",
+                    xml(saw),
+                    o.seed,
+                    xml(r.name)
                 );
             }
             Err(why) => {
@@ -254,7 +256,10 @@ fn main() -> ExitCode {
         let verdict = run_case(&runtime, case, ctx);
         let seconds = t.elapsed().as_secs_f64();
         match &verdict {
-            Ok(saw) => println!("conformance: {}: passed in {seconds:.1} s: {saw}", case.name),
+            Ok(saw) => println!(
+                "conformance: {}: passed in {seconds:.1} s (seed {}): {saw}",
+                case.name, o.seed
+            ),
             Err(why) => println!(
                 "conformance: {}: FAILED in {seconds:.1} s: {why}\nconformance: replay: {replay} --only {}",
                 case.name, case.name
@@ -426,7 +431,7 @@ mod tests {
             "{xml}"
         );
         assert!(
-            xml.contains("<system-out>ACKed &amp; &lt;fine&gt;</system-out>"),
+            xml.contains("<system-out>ACKed &amp; &lt;fine&gt;\nseed 7; replay: conformance run --receiver 'x' --seed 7 --only first-receipt</system-out>"),
             "{xml}"
         );
         assert!(
