@@ -76,6 +76,15 @@ pub(crate) const UPSERT_VIEW_ANY_VERSION: &str = "INSERT INTO receiver_task_view
        last_result = VALUES(last_result), updated_at = VALUES(updated_at), \
        task_version = VALUES(task_version)";
 
+/// The statement mutant `m` runs instead of the store's `sql`.
+pub(crate) fn statement(m: Mutant, sql: &'static str) -> &'static str {
+    match m {
+        Mutant::InsertIgnore if sql == crate::store::INSERT_INBOX => INSERT_INBOX_IGNORE,
+        Mutant::AnyVersion if sql == crate::store::UPSERT_VIEW => UPSERT_VIEW_ANY_VERSION,
+        _ => sql,
+    }
+}
+
 /// [`Mutant::CaseInsensitiveIds`]'s DDL: the identity columns as text of the table's
 /// case-insensitive collation.
 pub(crate) fn case_insensitive_schema(sql: &str) -> String {

@@ -541,14 +541,7 @@ impl Store {
         conn.execute("BEGIN").await?;
         #[cfg(feature = "fault-hooks")]
         self.barrier("before_insert", event).await;
-        #[cfg(not(feature = "mutants"))]
-        let insert = INSERT_INBOX;
-        #[cfg(feature = "mutants")]
-        let insert = match self.mutant {
-            Some(crate::mutants::Mutant::InsertIgnore) => crate::mutants::INSERT_INBOX_IGNORE,
-            _ => INSERT_INBOX,
-        };
-        let inserted = sqlx::query(insert)
+        let inserted = sqlx::query(self.statement(INSERT_INBOX))
             .bind(consumer)
             .bind(queue)
             .bind(event_id)
@@ -572,14 +565,7 @@ impl Store {
             Err(e) => return Err(e.into()),
         }
 
-        #[cfg(not(feature = "mutants"))]
-        let upsert = UPSERT_VIEW;
-        #[cfg(feature = "mutants")]
-        let upsert = match self.mutant {
-            Some(crate::mutants::Mutant::AnyVersion) => crate::mutants::UPSERT_VIEW_ANY_VERSION,
-            _ => UPSERT_VIEW,
-        };
-        let upserted = sqlx::query(upsert)
+        let upserted = sqlx::query(self.statement(UPSERT_VIEW))
             .bind(consumer)
             .bind(queue)
             .bind(task)
@@ -634,6 +620,15 @@ impl Store {
             // No answer: the outcome is unknown.
             Err(_) => Err(ApplyError::CommitUnconfirmed),
         }
+    }
+
+    /// The statement to run for `sql`: itself, or in a mutant build the mutant's version.
+    fn statement(&self, sql: &'static str) -> &'static str {
+        #[cfg(feature = "mutants")]
+        if let Some(m) = self.mutant {
+            return crate::mutants::statement(m, sql);
+        }
+        sql
     }
 
     #[cfg(feature = "fault-hooks")]
