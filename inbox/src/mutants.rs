@@ -2,8 +2,11 @@
 //! kit can prove that it notices (`conformance run --receiver target/debug/receiver-mutant`,
 //! with `RECEIVER_MUTANT`). The production build has none of this code.
 //!
-//! The core carries the storage mutants; the receiver program the two about acknowledging
-//! ([`Mutant::AckBeforeCommit`], [`Mutant::UnconfirmedIsSuccess`]).
+//! The core carries the storage mutants; the receiver program those about acknowledging,
+//! rewriting the event before it is applied, starting and stopping
+//! ([`Mutant::AckBeforeCommit`], [`Mutant::UnconfirmedIsSuccess`],
+//! [`Mutant::NeedsReviewAsSucceeded`], [`Mutant::FloatNumbers`], [`Mutant::NoQueueCheck`],
+//! [`Mutant::PauseOnSigterm`], [`Mutant::PrintsToken`]).
 
 use std::fmt;
 
@@ -23,17 +26,39 @@ pub enum Mutant {
     UnconfirmedIsSuccess,
     /// `init` makes the identity columns case-insensitive text (R-SCHEMA-7).
     CaseInsensitiveIds,
+    /// No inbox dedup at all: the inbox row is overwritten and the view takes every event, so
+    /// a redelivery advances it again (R-STORE-4).
+    NoInboxDedup,
+    /// The task state is read as "finished": NEEDS_REVIEW becomes SUCCEEDED (R-CANON-1).
+    NeedsReviewAsSucceeded,
+    /// The event's numbers go through a binary float before they are stored (R-SCHEMA-4).
+    FloatNumbers,
+    /// Times are the session's local time: no UTC session, `NOW(6)` (R-SCHEMA-6).
+    LocalTime,
+    /// `consume` does not compare the subscription's queue with the configured one (R-CLI-3).
+    NoQueueCheck,
+    /// `consume` pauses the subscription when it stops (R-CLI-3).
+    PauseOnSigterm,
+    /// `consume` prints the platform token at start (R-SDK-3).
+    PrintsToken,
 }
 
 impl Mutant {
     /// Every mutant, in the order the kit reports them.
-    pub const ALL: [Mutant; 6] = [
+    pub const ALL: [Mutant; 13] = [
         Mutant::AckBeforeCommit,
         Mutant::InsertIgnore,
         Mutant::NoDigestCompare,
         Mutant::AnyVersion,
         Mutant::UnconfirmedIsSuccess,
         Mutant::CaseInsensitiveIds,
+        Mutant::NoInboxDedup,
+        Mutant::NeedsReviewAsSucceeded,
+        Mutant::FloatNumbers,
+        Mutant::LocalTime,
+        Mutant::NoQueueCheck,
+        Mutant::PauseOnSigterm,
+        Mutant::PrintsToken,
     ];
 
     /// The name `RECEIVER_MUTANT` takes.
@@ -45,6 +70,13 @@ impl Mutant {
             Mutant::AnyVersion => "any-version",
             Mutant::UnconfirmedIsSuccess => "unconfirmed-is-success",
             Mutant::CaseInsensitiveIds => "case-insensitive-ids",
+            Mutant::NoInboxDedup => "no-inbox-dedup",
+            Mutant::NeedsReviewAsSucceeded => "needs-review-as-succeeded",
+            Mutant::FloatNumbers => "float-numbers",
+            Mutant::LocalTime => "local-time",
+            Mutant::NoQueueCheck => "no-queue-check",
+            Mutant::PauseOnSigterm => "pause-on-sigterm",
+            Mutant::PrintsToken => "prints-token",
         }
     }
 
@@ -76,12 +108,45 @@ pub(crate) const UPSERT_VIEW_ANY_VERSION: &str = "INSERT INTO receiver_task_view
        last_result = VALUES(last_result), updated_at = VALUES(updated_at), \
        task_version = VALUES(task_version)";
 
+/// [`Mutant::NoInboxDedup`]'s inbox statement: a second copy of a key overwrites the first
+/// (an upsert, so that the runtime account's INSERT and UPDATE suffice).
+pub(crate) const UPSERT_INBOX: &str = "INSERT INTO receiver_inbox \
+     (consumer_name, queue_id, event_id, event_digest, event_canonical, applied, received_at) \
+     VALUES (?, ?, ?, ?, ?, 1, UTC_TIMESTAMP(6)) \
+     ON DUPLICATE KEY UPDATE event_digest = VALUES(event_digest), \
+       event_canonical = VALUES(event_canonical), received_at = VALUES(received_at)";
+
 /// The statement mutant `m` runs instead of the store's `sql`.
 pub(crate) fn statement(m: Mutant, sql: &'static str) -> &'static str {
+    use crate::store::{INSERT_INBOX, UPSERT_VIEW};
     match m {
-        Mutant::InsertIgnore if sql == crate::store::INSERT_INBOX => INSERT_INBOX_IGNORE,
-        Mutant::AnyVersion if sql == crate::store::UPSERT_VIEW => UPSERT_VIEW_ANY_VERSION,
+        Mutant::InsertIgnore if sql == INSERT_INBOX => INSERT_INBOX_IGNORE,
+        Mutant::AnyVersion | Mutant::NoInboxDedup if sql == UPSERT_VIEW => UPSERT_VIEW_ANY_VERSION,
+        Mutant::NoInboxDedup if sql == INSERT_INBOX => UPSERT_INBOX,
+        Mutant::LocalTime if sql == INSERT_INBOX || sql == UPSERT_VIEW => local_time(sql),
         _ => sql,
+    }
+}
+
+/// `sql` with the session's local time (`NOW(6)`) for `UTC_TIMESTAMP(6)`, made once per
+/// statement.
+fn local_time(sql: &'static str) -> &'static str {
+    use std::sync::OnceLock;
+    static INBOX: OnceLock<String> = OnceLock::new();
+    static VIEW: OnceLock<String> = OnceLock::new();
+    let cell = if sql == crate::store::INSERT_INBOX {
+        &INBOX
+    } else {
+        &VIEW
+    };
+    cell.get_or_init(|| sql.replace("UTC_TIMESTAMP(6)", "NOW(6)"))
+}
+
+/// The state mutant `m` records in the view for an event in `state`.
+pub(crate) fn view_state(m: Mutant, state: crate::TaskState) -> &'static str {
+    match (m, state) {
+        (Mutant::NeedsReviewAsSucceeded, crate::TaskState::NeedsReview) => "SUCCEEDED",
+        _ => state.as_str(),
     }
 }
 

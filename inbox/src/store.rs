@@ -332,7 +332,13 @@ impl Store {
         queue: QueueId,
         options: StoreOptions,
     ) -> Result<Store, StorageError> {
-        let pool = Arc::new(Pool::new(connect_options(dsn)?, options.max_connections));
+        let connect = connect_options(dsn)?;
+        #[cfg(feature = "mutants")]
+        let connect = match options.mutant {
+            Some(crate::mutants::Mutant::LocalTime) => connect.timezone(None::<String>),
+            _ => connect,
+        };
+        let pool = Arc::new(Pool::new(connect, options.max_connections));
         let store = Store {
             pool,
             consumer,
@@ -571,7 +577,7 @@ impl Store {
             .bind(task)
             .bind(event.version())
             .bind(event_id)
-            .bind(event.state().as_str().as_bytes())
+            .bind(self.view_state(event).as_bytes())
             .bind(event.result())
             .execute(&mut *conn)
             .await?;
@@ -629,6 +635,15 @@ impl Store {
             return crate::mutants::statement(m, sql);
         }
         sql
+    }
+
+    /// The state the view records: the event's, or in a mutant build the mutant's reading.
+    fn view_state(&self, event: &TaskEvent) -> &'static str {
+        #[cfg(feature = "mutants")]
+        if let Some(m) = self.mutant {
+            return crate::mutants::view_state(m, event.state());
+        }
+        event.state().as_str()
     }
 
     #[cfg(feature = "fault-hooks")]

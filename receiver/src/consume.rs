@@ -83,7 +83,9 @@ async fn start(
         .get_subscription(&config.subscription)
         .await
         .map_err(ConsumeError::Platform)?;
-    if subscription.queue_id != queue.as_str() {
+    #[cfg(feature = "mutants")]
+    crate::mutant::at_start(config.run.platform.credentials.token.expose());
+    if subscription.queue_id != queue.as_str() && checks_queue() {
         return Err(ConsumeError::WrongQueue {
             id: subscription.id,
             actual: subscription.queue_id,
@@ -198,6 +200,8 @@ pub async fn run(
     }
     let gate = CreditGate::new();
     let outage = Outage::new(store.clone(), gate.clone(), metrics.clone());
+    #[cfg(feature = "mutants")]
+    let on_stop = crate::mutant::on_stop(client.clone(), subscription.id.clone());
     let consumer = {
         let (store, queue) = (store.clone(), queue.clone());
         let consumer = EventConsumer::new(client, subscription.id.clone())
@@ -224,7 +228,7 @@ pub async fn run(
                     });
                     return Ok(());
                 }
-                let h = apply_raw(&store, &queue, d.event_json().as_bytes(), Some(deadline)).await;
+                let h = apply_raw(&store, &queue, event_json(&d).as_bytes(), Some(deadline)).await;
                 let took = started.elapsed();
                 metrics.handled(&h, took);
                 h.log(&d.delivery_id, d.attempt, took.as_millis() as u64);
@@ -283,6 +287,8 @@ pub async fn run(
     let signal = stop.await;
     tracing::info!(signal, "stopping: cancelling in-flight handlers");
     let summary = consumer.shutdown(DRAIN).await;
+    #[cfg(feature = "mutants")]
+    on_stop.await;
     watch.abort();
     store.close().await;
     tracing::info!(
@@ -291,6 +297,26 @@ pub async fn run(
         "stopped; the subscription stays enabled"
     );
     Ok(())
+}
+
+/// Whether `consume` compares the subscription's queue with the configured one: always, but
+/// in a mutant build that drops the check.
+fn checks_queue() -> bool {
+    #[cfg(feature = "mutants")]
+    if crate::mutant::is(crate::mutant::Mutant::NoQueueCheck) {
+        return false;
+    }
+    true
+}
+
+/// The event as the handler applies it: as the platform sent it, or in a mutant build the
+/// mutant's rewrite of it.
+fn event_json(d: &orbit_sdk::Delivery) -> std::borrow::Cow<'_, str> {
+    #[cfg(feature = "mutants")]
+    if let Some(rewritten) = crate::mutant::rewrite_event(d.event_json()) {
+        return rewritten.into();
+    }
+    d.event_json().into()
 }
 
 #[cfg(test)]

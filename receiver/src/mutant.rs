@@ -37,3 +37,53 @@ pub fn active() -> Option<Mutant> {
 pub fn is(m: Mutant) -> bool {
     active() == Some(m)
 }
+
+/// At the start of `consume`: [`Mutant::PrintsToken`] prints the platform token.
+pub fn at_start(token: &str) {
+    if is(Mutant::PrintsToken) {
+        eprintln!("receiver-mutant: platform token {token}");
+    }
+}
+
+/// What `consume` does once its consumer has stopped: [`Mutant::PauseOnSigterm`] pauses the
+/// subscription.
+pub async fn on_stop(client: orbit_sdk::Client, subscription: String) {
+    if is(Mutant::PauseOnSigterm) {
+        match client.pause_subscription(&subscription).await {
+            Ok(_) => eprintln!("receiver-mutant: paused subscription {subscription}"),
+            Err(e) => {
+                eprintln!("receiver-mutant: could not pause subscription {subscription}: {e}")
+            }
+        }
+    }
+}
+
+/// The event [`Mutant::FloatNumbers`] applies instead of `raw`: every number of its result
+/// through an `f64` (`None` for the other mutants, or when `raw` is not a JSON object).
+pub fn rewrite_event(raw: &str) -> Option<String> {
+    if !is(Mutant::FloatNumbers) {
+        return None;
+    }
+    let mut event: serde_json::Value = serde_json::from_str(raw).ok()?;
+    let result = event.get_mut("result")?;
+    *result = through_f64(result.take());
+    Some(event.to_string())
+}
+
+fn through_f64(v: serde_json::Value) -> serde_json::Value {
+    use serde_json::Value;
+    match v {
+        Value::Number(n) => n
+            .as_f64()
+            .and_then(serde_json::Number::from_f64)
+            .map_or(Value::Number(n), Value::Number),
+        Value::Array(items) => Value::Array(items.into_iter().map(through_f64).collect()),
+        Value::Object(members) => Value::Object(
+            members
+                .into_iter()
+                .map(|(k, v)| (k, through_f64(v)))
+                .collect(),
+        ),
+        other => other,
+    }
+}

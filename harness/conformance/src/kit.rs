@@ -106,6 +106,13 @@ pub const MUTANTS: &[(&str, &str, &str)] = &[
     ("any-version", "stale-version", "R-STORE-6"),
     ("unconfirmed-is-success", "commit-lost", "R-STORE-8"),
     ("case-insensitive-ids", "schema", "R-SCHEMA-7"),
+    ("no-inbox-dedup", "duplicate", "R-STORE-4"),
+    ("needs-review-as-succeeded", "needs-review", "R-CANON-1"),
+    ("float-numbers", "exact-numbers", "R-SCHEMA-4"),
+    ("local-time", "utc", "R-SCHEMA-6"),
+    ("no-queue-check", "queue-mismatch", "R-CLI-3"),
+    ("pause-on-sigterm", "sigterm", "R-CLI-3"),
+    ("prints-token", "no-secrets", "R-SDK-3"),
 ];
 
 impl std::fmt::Debug for Case {
@@ -1044,9 +1051,11 @@ async fn utc(ctx: Ctx) -> Verdict {
 async fn queue_mismatch(ctx: Ctx) -> Verdict {
     let mut w = World::start(&ctx, SHORT_LEASE).await;
     w.init().await?;
-    // The receiver is configured for another queue than the subscription's.
-    let other = w.orbit.bootstrap_other("kit-other-queue", true);
+    // The same credentials, naming another queue: the token can read the subscription, so
+    // only the receiver's own comparison of the two queues can refuse.
+    let other = other_queue_credentials(&w.orbit.credentials_file, OTHER_QUEUE)?;
     let (_, key) = w.cancelled_task().await;
+    let id = w.deliveries_of(&key).await[0].clone();
     let mut env = w.env(&w.dsn.clone());
     for (k, v) in &mut env {
         if *k == "ORBIT_CREDENTIALS_FILE" {
@@ -1054,23 +1063,55 @@ async fn queue_mismatch(ctx: Ctx) -> Verdict {
         }
     }
     let mut p = w.spawn("consume", &env);
-    let status = p.wait(Duration::from_secs(20)).await;
+    let end = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        let d = w.delivery(&id).await;
+        ensure!(
+            d.attempts == 0 && w.inbox(&key).await.is_empty(),
+            "R-CLI-3: consume for queue {OTHER_QUEUE} on a subscription of {QUEUE} took its events (delivery {} after {} attempt(s)) instead of refusing to start",
+            d.state,
+            d.attempts
+        );
+        if let Some(status) = p.wait(Duration::from_millis(200)).await {
+            break Some(status);
+        }
+        if Instant::now() >= end {
+            break None;
+        }
+    };
     ensure!(
         status.is_some_and(|s| !s.success()),
-        "R-CLI-3: consume for queue kit-other-queue on a subscription of {QUEUE} must refuse to start; it {}",
+        "R-CLI-3: consume for queue {OTHER_QUEUE} on a subscription of {QUEUE} must refuse to start; it {}",
         status.map_or("was still running after 20 s".into(), |s| format!("exited {s}"))
-    );
-    let d = w.delivery(&w.deliveries_of(&key).await[0]).await;
-    ensure!(
-        d.state != "ACKED" && w.inbox(&key).await.is_empty(),
-        "R-CLI-3: the refused consume took the event (delivery {}, inbox rows {})",
-        d.state,
-        w.inbox(&key).await.len()
     );
     Ok(format!(
         "refused ({}), nothing taken",
         status.map(|s| s.to_string()).unwrap_or_default()
     ))
+}
+
+/// The queue `queue-mismatch` configures the receiver for.
+const OTHER_QUEUE: &str = "kit-other-queue";
+
+/// A copy of the credentials file `from` whose `queue_id` is `queue` (mode 0600, beside it).
+fn other_queue_credentials(from: &std::path::Path, queue: &str) -> Result<PathBuf, String> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let text = std::fs::read_to_string(from)
+        .map_err(|e| format!("the kit cannot read {}: {e}", from.display()))?;
+    let mut credentials: serde_json::Value = serde_json::from_str(&text)
+        .map_err(|e| format!("the kit cannot parse {}: {e}", from.display()))?;
+    credentials["queue_id"] = queue.into();
+    let to = from.with_file_name(format!("{queue}.credentials.json"));
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&to)
+        .and_then(|mut f| f.write_all(credentials.to_string().as_bytes()))
+        .map_err(|e| format!("the kit cannot write {}: {e}", to.display()))?;
+    Ok(to)
 }
 
 async fn kill_after_commit(ctx: Ctx) -> Verdict {

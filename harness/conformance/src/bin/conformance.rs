@@ -361,17 +361,17 @@ fn mutants(bin: &str) -> ExitCode {
         rows.push((*mutant, case.name, *rule, caught, t.elapsed().as_secs_f64()));
     }
     println!(
-        "\n{:<24} {:<24} {:<11} {:>8} {:>8}",
+        "\n{:<26} {:<24} {:<11} {:>8} {:>8}",
         "mutant", "caught by", "rule", "result", "seconds"
     );
     for (mutant, case, rule, caught, seconds) in &rows {
         println!(
-            "{mutant:<24} {case:<24} {rule:<11} {:>8} {seconds:>8.1}",
+            "{mutant:<26} {case:<24} {rule:<11} {:>8} {seconds:>8.1}",
             if *caught { "caught" } else { "MISSED" }
         );
     }
     println!(
-        "{:<24} {:<24} {:<11} {:>8} {:>8.1}  (wall clock)",
+        "{:<26} {:<24} {:<11} {:>8} {:>8.1}  (wall clock)",
         "total",
         format!("{} of {} caught", rows.len() - missed, rows.len()),
         "",

@@ -551,3 +551,47 @@ fn main() -> ExitCode {
         ExitCode::FAILURE
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn outcome(suite: &str, servers: &[&str]) -> Outcome {
+        Outcome {
+            suite: suite.to_owned(),
+            tests: 1,
+            passed: 1,
+            failed: 0,
+            ignored: 0,
+            seconds: 0.0,
+            ok: true,
+            log: PathBuf::from("target/integration/x.log"),
+            servers: servers.iter().map(|s| (*s).to_owned()).collect(),
+        }
+    }
+
+    const CONTAINER: &str =
+        "10.11.18-MariaDB (container result-inbox/mariadb:10.11, engine 20.10.24, 127.0.0.1:32768)";
+    const LOCAL: &str = "10.11.18-MariaDB (local mariadbd, 127.0.0.1:40001)";
+
+    #[test]
+    fn a_suite_with_no_container_server_is_the_wrong_server() {
+        let (column, wrong) = servers_had(&outcome("storage", &[LOCAL]));
+        assert_eq!(column, "1 local");
+        assert!(wrong.is_some_and(|w| w.contains("storage had no container server")));
+        let (column, wrong) = servers_had(&outcome("storage", &[]));
+        assert_eq!(column, "none");
+        assert!(wrong.is_some());
+    }
+
+    #[test]
+    fn a_local_server_is_wrong_only_where_a_suite_is_not_listed_as_needing_one() {
+        let (column, wrong) = servers_had(&outcome("storage", &[CONTAINER, LOCAL]));
+        assert_eq!(column, "1 container + 1 local");
+        assert!(wrong.is_some_and(|w| w.contains("not listed as needing one")));
+        let (column, wrong) = servers_had(&outcome("faults", &[CONTAINER, CONTAINER, LOCAL]));
+        assert_eq!((column.as_str(), wrong), ("2 container + 1 local", None));
+        let (column, wrong) = servers_had(&outcome("storage", &[CONTAINER]));
+        assert_eq!((column.as_str(), wrong), ("1 container", None));
+    }
+}

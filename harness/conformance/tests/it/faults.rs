@@ -68,6 +68,31 @@ fn release_receiver() -> std::path::PathBuf {
     release
 }
 
+/// Asserts that `built` contains every needle (so the search can find them) and that neither
+/// normal receiver binary (debug, release) contains any.
+fn only_in(built: &std::path::Path, what: &str, needles: &[&[u8]]) {
+    let contains = |hay: &[u8], needle: &[u8]| hay.windows(needle.len()).any(|w| w == needle);
+    let built = std::fs::read(built).unwrap();
+    let normal: Vec<(std::path::PathBuf, Vec<u8>)> = [receiver_bin(), release_receiver()]
+        .into_iter()
+        .map(|p| {
+            let bytes = std::fs::read(&p).unwrap();
+            (p, bytes)
+        })
+        .collect();
+    for needle in needles {
+        let n = String::from_utf8_lossy(needle);
+        assert!(contains(&built, needle), "{what} should contain {n:?}");
+        for (path, bytes) in &normal {
+            assert!(
+                !contains(bytes, needle),
+                "{} contains {n:?}",
+                path.display()
+            );
+        }
+    }
+}
+
 #[test]
 fn the_normal_receiver_binary_has_no_barrier_code_flag_or_variable() {
     // The same strings in the fault build show that the search can find them.
@@ -78,44 +103,18 @@ fn the_normal_receiver_binary_has_no_barrier_code_flag_or_variable() {
         b"after_ack_sent",
         b"5fault7barrier",
     ];
-    let faulty = std::fs::read(receiver_faults_bin()).unwrap();
-    let contains = |hay: &[u8], needle: &[u8]| hay.windows(needle.len()).any(|w| w == needle);
-    for needle in needles {
-        let n = String::from_utf8_lossy(needle);
-        assert!(
-            contains(&faulty, needle),
-            "the fault build should contain {n:?}"
-        );
-    }
-    for normal in [receiver_bin(), release_receiver()] {
-        let bytes = std::fs::read(&normal).unwrap();
-        for needle in needles {
-            assert!(
-                !contains(&bytes, needle),
-                "{} contains {:?}",
-                normal.display(),
-                String::from_utf8_lossy(needle)
-            );
-        }
-    }
+    only_in(&receiver_faults_bin(), "the fault build", needles);
     // Nor the kit's mutants (make mutant-build), which the mutant build does contain.
-    let mutant_bin = conformance::workspace_bin("receiver-mutant");
-    let mutant = std::fs::read(&mutant_bin).unwrap();
-    let mutant_needles: &[&[u8]] = &[b"RECEIVER_MUTANT", b"INSERT IGNORE INTO receiver_inbox"];
-    for needle in mutant_needles {
-        let n = String::from_utf8_lossy(needle);
-        assert!(
-            contains(&mutant, needle),
-            "the mutant build should contain {n:?}"
-        );
-        for normal in [receiver_bin(), release_receiver()] {
-            assert!(
-                !contains(&std::fs::read(&normal).unwrap(), needle),
-                "{} contains {n:?}",
-                normal.display()
-            );
-        }
-    }
+    only_in(
+        &conformance::workspace_bin("receiver-mutant"),
+        "the mutant build",
+        &[
+            b"RECEIVER_MUTANT",
+            b"INSERT IGNORE INTO receiver_inbox",
+            b"ON DUPLICATE KEY UPDATE event_digest",
+            b"receiver-mutant: platform token",
+        ],
+    );
     // And it has no command, flag or variable that would turn barriers on.
     let help = std::process::Command::new(receiver_bin())
         .args(["consume", "--help"])
