@@ -26,6 +26,9 @@ pub enum Mutant {
     UnconfirmedIsSuccess,
     /// `init` makes the identity columns case-insensitive text (R-SCHEMA-7).
     CaseInsensitiveIds,
+    /// The inbox's duplicate key is an error like any other, so a redelivery of an applied
+    /// event is never ACKed (R-STORE-4, and R-FAULT-4's redelivery after a kill).
+    DuplicateIsError,
     /// No inbox dedup at all: the inbox row is overwritten and the view takes every event, so
     /// a redelivery advances it again (R-STORE-4).
     NoInboxDedup,
@@ -45,13 +48,14 @@ pub enum Mutant {
 
 impl Mutant {
     /// Every mutant, in the order the kit reports them.
-    pub const ALL: [Mutant; 13] = [
+    pub const ALL: [Mutant; 14] = [
         Mutant::AckBeforeCommit,
         Mutant::InsertIgnore,
         Mutant::NoDigestCompare,
         Mutant::AnyVersion,
         Mutant::UnconfirmedIsSuccess,
         Mutant::CaseInsensitiveIds,
+        Mutant::DuplicateIsError,
         Mutant::NoInboxDedup,
         Mutant::NeedsReviewAsSucceeded,
         Mutant::FloatNumbers,
@@ -70,6 +74,7 @@ impl Mutant {
             Mutant::AnyVersion => "any-version",
             Mutant::UnconfirmedIsSuccess => "unconfirmed-is-success",
             Mutant::CaseInsensitiveIds => "case-insensitive-ids",
+            Mutant::DuplicateIsError => "duplicate-is-error",
             Mutant::NoInboxDedup => "no-inbox-dedup",
             Mutant::NeedsReviewAsSucceeded => "needs-review-as-succeeded",
             Mutant::FloatNumbers => "float-numbers",

@@ -566,6 +566,11 @@ impl Store {
                 return Ok(Step::Committed(Outcome::Duplicate { applied: true }));
             }
             Ok(_) => {}
+            // The mutant fails on the duplicate key like on any other error.
+            #[cfg(feature = "mutants")]
+            Err(e) if self.mutant == Some(crate::mutants::Mutant::DuplicateIsError) => {
+                return Err(e.into())
+            }
             // The inbox has one unique key, so a 1062 here is always the dedup identity.
             Err(e) if mysql_number(&e) == Some(ER_DUP_ENTRY) => return Ok(Step::AlreadyRecorded),
             Err(e) => return Err(e.into()),

@@ -106,6 +106,7 @@ pub const MUTANTS: &[(&str, &str, &str)] = &[
     ("any-version", "stale-version", "R-STORE-6"),
     ("unconfirmed-is-success", "commit-lost", "R-STORE-8"),
     ("case-insensitive-ids", "schema", "R-SCHEMA-7"),
+    ("duplicate-is-error", "duplicate", "R-STORE-4"),
     ("no-inbox-dedup", "duplicate", "R-STORE-4"),
     ("needs-review-as-succeeded", "needs-review", "R-CANON-1"),
     ("float-numbers", "exact-numbers", "R-SCHEMA-4"),
@@ -808,12 +809,24 @@ async fn duplicate(ctx: Ctx) -> Verdict {
         .iter()
         .filter_map(|d| d.as_str().map(str::to_owned))
         .collect();
-    w.acked(
-        &again,
-        Duration::from_secs(30),
-        "R-STORE-4 (a duplicate is ACKed)",
-    )
-    .await?;
+    // A duplicate is resolved inside its first lease: once one was handed out again, the
+    // receiver did not ACK it.
+    let end = Instant::now() + Duration::from_secs(30);
+    for id in &again {
+        loop {
+            let d = w.delivery(id).await;
+            ensure!(
+                d.attempts <= 1 && Instant::now() < end,
+                "R-STORE-4: the duplicate (delivery {id}) was not ACKed at its first attempt: it is {} after {} attempt(s); a duplicate is ACKed at once",
+                d.state,
+                d.attempts
+            );
+            if d.state == "ACKED" {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
     let rows = w.inbox(&key).await.len();
     let view = w.view(&task).await.ok_or("R-STORE-5: no view")?;
     ensure!(
