@@ -173,6 +173,9 @@ pub struct TaskEvent {
     result: Option<std::ops::Range<usize>>,
     canonical: Vec<u8>,
     digest: Digest,
+    /// Test builds only: the bytes as received, which a mutant stores instead of `canonical`.
+    #[cfg(feature = "mutants")]
+    received: Option<Vec<u8>>,
 }
 
 fn string_member<'d>(doc: &'d Document, name: &'static str) -> Result<Cow<'d, str>, Rejection> {
@@ -240,7 +243,27 @@ impl TaskEvent {
             result,
             canonical,
             digest,
+            #[cfg(feature = "mutants")]
+            received: None,
         })
+    }
+
+    /// Test builds only: the event, carrying the bytes it was parsed from for
+    /// [`crate::mutants::Mutant::AsReceived`] to store.
+    #[cfg(feature = "mutants")]
+    pub fn with_received(mut self, raw: &[u8]) -> Self {
+        self.received = Some(raw.to_vec());
+        self
+    }
+
+    /// What the inbox records of the event: the canonical bytes and their SHA-256, or in a
+    /// mutant build the bytes as received and theirs.
+    pub(crate) fn inbox_record(&self) -> (Digest, &[u8]) {
+        #[cfg(feature = "mutants")]
+        if let Some(raw) = &self.received {
+            return (Digest::of(raw), raw);
+        }
+        (self.digest, &self.canonical)
     }
 
     /// The event id.

@@ -26,6 +26,10 @@ pub enum Mutant {
     UnconfirmedIsSuccess,
     /// `init` makes the identity columns case-insensitive text (R-SCHEMA-7).
     CaseInsensitiveIds,
+    /// The inbox stores the event as received and the SHA-256 of those bytes, not its
+    /// canonical form (R-CANON-2); set on the event by the receiver
+    /// ([`crate::TaskEvent::with_received`]).
+    AsReceived,
     /// The inbox's duplicate key is an error like any other, so a redelivery of an applied
     /// event is never ACKed (R-STORE-4, and R-FAULT-4's redelivery after a kill).
     DuplicateIsError,
@@ -48,13 +52,14 @@ pub enum Mutant {
 
 impl Mutant {
     /// Every mutant, in the order the kit reports them.
-    pub const ALL: [Mutant; 14] = [
+    pub const ALL: [Mutant; 15] = [
         Mutant::AckBeforeCommit,
         Mutant::InsertIgnore,
         Mutant::NoDigestCompare,
         Mutant::AnyVersion,
         Mutant::UnconfirmedIsSuccess,
         Mutant::CaseInsensitiveIds,
+        Mutant::AsReceived,
         Mutant::DuplicateIsError,
         Mutant::NoInboxDedup,
         Mutant::NeedsReviewAsSucceeded,
@@ -74,6 +79,7 @@ impl Mutant {
             Mutant::AnyVersion => "any-version",
             Mutant::UnconfirmedIsSuccess => "unconfirmed-is-success",
             Mutant::CaseInsensitiveIds => "case-insensitive-ids",
+            Mutant::AsReceived => "as-received",
             Mutant::DuplicateIsError => "duplicate-is-error",
             Mutant::NoInboxDedup => "no-inbox-dedup",
             Mutant::NeedsReviewAsSucceeded => "needs-review-as-succeeded",

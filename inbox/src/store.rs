@@ -547,12 +547,13 @@ impl Store {
         conn.execute("BEGIN").await?;
         #[cfg(feature = "fault-hooks")]
         self.barrier("before_insert", event).await;
+        let (digest, stored) = event.inbox_record();
         let inserted = sqlx::query(self.statement(INSERT_INBOX))
             .bind(consumer)
             .bind(queue)
             .bind(event_id)
-            .bind(&event.digest().0[..])
-            .bind(event.canonical())
+            .bind(&digest.0[..])
+            .bind(stored)
             .execute(&mut *conn)
             .await;
         match inserted {

@@ -179,6 +179,10 @@ pub async fn apply_raw(
     deadline: Option<Instant>,
 ) -> Handled {
     match parse(raw, queue) {
+        #[cfg(feature = "mutants")]
+        Ok(event) if crate::mutant::is(crate::mutant::Mutant::AsReceived) => {
+            apply(store, &event.with_received(raw), deadline).await.1
+        }
         Ok(event) => apply(store, &event, deadline).await.1,
         Err(rejected) => rejected,
     }
