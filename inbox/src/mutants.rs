@@ -4,9 +4,9 @@
 //!
 //! The core carries the storage mutants; the receiver program those about acknowledging,
 //! rewriting the event before it is applied, starting and stopping
-//! ([`Mutant::AckBeforeCommit`], [`Mutant::UnconfirmedIsSuccess`],
-//! [`Mutant::NeedsReviewAsSucceeded`], [`Mutant::FloatNumbers`], [`Mutant::NoQueueCheck`],
-//! [`Mutant::PauseOnSigterm`], [`Mutant::PrintsToken`]).
+//! ([`Mutant::AckBeforeCommit`], [`Mutant::UnconfirmedIsSuccess`], [`Mutant::FloatNumbers`],
+//! [`Mutant::NoQueueCheck`], [`Mutant::PauseOnSigterm`], [`Mutant::PrintsToken`]), and hands
+//! [`Mutant::AsReceived`] the bytes it received.
 
 use std::fmt;
 

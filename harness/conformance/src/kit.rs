@@ -183,7 +183,7 @@ impl Program {
             if status.is_none() {
                 status = self.child.try_wait().ok().flatten();
             }
-            if status.is_some() && !group_alive(group) {
+            if status.is_some() && !testdb::group_alive(group) {
                 return status;
             }
             if Instant::now() >= end {
@@ -197,24 +197,6 @@ impl Program {
         self.signal(Signal::SIGKILL);
         let _ = self.wait(Duration::from_secs(10)).await;
     }
-}
-
-/// Whether a live (not zombie) process of process group `group` is left, from `/proc`.
-fn group_alive(group: u32) -> bool {
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return false;
-    };
-    entries.flatten().any(|e| {
-        let stat = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
-        // After the command's closing parenthesis: state, ppid, pgrp.
-        let mut fields = stat
-            .rsplit_once(')')
-            .map_or("", |(_, rest)| rest)
-            .split_whitespace();
-        let state = fields.next();
-        let pgrp = fields.nth(1).and_then(|g| g.parse::<u32>().ok());
-        pgrp == Some(group) && !matches!(state, Some("Z" | "X"))
-    })
 }
 
 impl Drop for Program {

@@ -57,6 +57,11 @@ pub fn spawn_tied(cmd: std::process::Command) -> std::io::Result<std::process::C
     process::spawn_long_lived(cmd)
 }
 
+/// Whether a live process of process group `group` is left; zombies count as gone.
+pub fn group_alive(group: u32) -> bool {
+    process::group_alive(group)
+}
+
 /// Whether `pid` is a live process; a zombie (ended, not yet reaped) counts as gone.
 pub fn process_alive(pid: u32) -> bool {
     i32::try_from(pid).is_ok_and(process::process_alive)

@@ -13,17 +13,39 @@ use nix::sys::signal::{self, Signal};
 use nix::sys::wait::waitpid;
 use nix::unistd::Pid;
 
+/// The state letter and the process group of the process whose `/proc/<pid>/stat` is `stat`.
+/// Both follow the command name, which is in parentheses and may hold spaces.
+fn state_and_group(stat: &str) -> (Option<char>, Option<u32>) {
+    let mut fields = stat
+        .rsplit_once(')')
+        .map_or("", |(_, rest)| rest)
+        .split_whitespace();
+    let state = fields.next().and_then(|s| s.chars().next());
+    // After the state: the parent's pid, then the group.
+    let group = fields.nth(1).and_then(|g| g.parse().ok());
+    (state, group)
+}
+
+/// Whether a state letter is a live process's: a zombie (killed, not yet reaped) is gone.
+fn live(state: Option<char>) -> bool {
+    !matches!(state, Some('Z' | 'X') | None)
+}
+
 /// Whether `pid` is a live process. A zombie (killed, not yet reaped) counts as gone.
 pub(crate) fn process_alive(pid: i32) -> bool {
-    match fs::read_to_string(format!("/proc/{pid}/stat")) {
-        // The state follows the command name, which is in parentheses and may hold spaces.
-        Ok(stat) => !matches!(
-            stat.rsplit_once(')')
-                .and_then(|(_, rest)| rest.trim_start().chars().next()),
-            Some('Z' | 'X') | None
-        ),
-        Err(_) => false,
-    }
+    fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| live(state_and_group(&stat).0))
+}
+
+/// Whether a live process of process group `group` is left.
+pub(crate) fn group_alive(group: u32) -> bool {
+    let Ok(entries) = fs::read_dir("/proc") else {
+        return false;
+    };
+    entries.flatten().any(|e| {
+        let stat = fs::read_to_string(e.path().join("stat")).unwrap_or_default();
+        let (state, g) = state_and_group(&stat);
+        g == Some(group) && live(state)
+    })
 }
 
 /// A request to the spawner thread.
