@@ -173,9 +173,6 @@ pub struct TaskEvent {
     result: Option<std::ops::Range<usize>>,
     canonical: Vec<u8>,
     digest: Digest,
-    /// Test builds only: the bytes as received, which a mutant stores instead of `canonical`.
-    #[cfg(feature = "mutants")]
-    received: Option<Vec<u8>>,
 }
 
 fn string_member<'d>(doc: &'d Document, name: &'static str) -> Result<Cow<'d, str>, Rejection> {
@@ -243,27 +240,23 @@ impl TaskEvent {
             result,
             canonical,
             digest,
-            #[cfg(feature = "mutants")]
-            received: None,
         })
     }
 
-    /// Test builds only: the event, carrying the bytes it was parsed from for
-    /// [`crate::mutants::Mutant::AsReceived`] to store.
+    /// Test builds only ([`crate::mutants::as_received`]): the event with other stored bytes,
+    /// their SHA-256, and where its result lies in them.
     #[cfg(feature = "mutants")]
-    pub fn with_received(mut self, raw: &[u8]) -> Self {
-        self.received = Some(raw.to_vec());
-        self
-    }
-
-    /// What the inbox records of the event: the canonical bytes and their SHA-256, or in a
-    /// mutant build the bytes as received and theirs.
-    pub(crate) fn inbox_record(&self) -> (Digest, &[u8]) {
-        #[cfg(feature = "mutants")]
-        if let Some(raw) = &self.received {
-            return (Digest::of(raw), raw);
+    pub(crate) fn with_stored_form(
+        self,
+        stored: Vec<u8>,
+        result: Option<std::ops::Range<usize>>,
+    ) -> TaskEvent {
+        TaskEvent {
+            digest: Digest::of(&stored),
+            canonical: stored,
+            result,
+            ..self
         }
-        (self.digest, &self.canonical)
     }
 
     /// The event id.

@@ -9,6 +9,10 @@
 //! [`Mutant::AsReceived`] the bytes it received.
 
 use std::fmt;
+use std::sync::OnceLock;
+
+use crate::store::Statements;
+use crate::TaskEvent;
 
 /// One broken rule.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -103,13 +107,28 @@ impl fmt::Display for Mutant {
     }
 }
 
-/// [`Mutant::InsertIgnore`]'s inbox statement.
-pub(crate) const INSERT_INBOX_IGNORE: &str = "INSERT IGNORE INTO receiver_inbox \
+/// [`Mutant::InsertIgnore`]'s inbox statement: a taken key inserts nothing and says nothing.
+const INSERT_INBOX_IGNORE: &str = "INSERT IGNORE INTO receiver_inbox \
      (consumer_name, queue_id, event_id, event_digest, event_canonical, applied, received_at) \
      VALUES (?, ?, ?, ?, ?, 1, UTC_TIMESTAMP(6))";
 
+/// [`Mutant::DuplicateIsError`]'s inbox statement: a taken key fails with an error other than
+/// 1062 (1048, "cannot be null"), which the store treats like any other.
+const INSERT_INBOX_DUPLICATE_FAILS: &str = "INSERT INTO receiver_inbox \
+     (consumer_name, queue_id, event_id, event_digest, event_canonical, applied, received_at) \
+     VALUES (?, ?, ?, ?, ?, 1, UTC_TIMESTAMP(6)) \
+     ON DUPLICATE KEY UPDATE event_id = NULL";
+
+/// [`Mutant::NoInboxDedup`]'s inbox statement: a second copy of a key overwrites the first
+/// (an upsert, so that the runtime account's INSERT and UPDATE suffice).
+const UPSERT_INBOX: &str = "INSERT INTO receiver_inbox \
+     (consumer_name, queue_id, event_id, event_digest, event_canonical, applied, received_at) \
+     VALUES (?, ?, ?, ?, ?, 1, UTC_TIMESTAMP(6)) \
+     ON DUPLICATE KEY UPDATE event_digest = VALUES(event_digest), \
+       event_canonical = VALUES(event_canonical), received_at = VALUES(received_at)";
+
 /// [`Mutant::AnyVersion`]'s view statement: always reports an advance (code 1, two rows).
-pub(crate) const UPSERT_VIEW_ANY_VERSION: &str = "INSERT INTO receiver_task_views \
+const UPSERT_VIEW_ANY_VERSION: &str = "INSERT INTO receiver_task_views \
      (consumer_name, queue_id, task_id, task_version, last_event_id, last_state, last_result, \
       applied_events, created_at, updated_at) \
      VALUES (?, ?, ?, ?, ?, ?, ?, 1, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6)) \
@@ -119,51 +138,93 @@ pub(crate) const UPSERT_VIEW_ANY_VERSION: &str = "INSERT INTO receiver_task_view
        last_result = VALUES(last_result), updated_at = VALUES(updated_at), \
        task_version = VALUES(task_version)";
 
-/// [`Mutant::NoInboxDedup`]'s inbox statement: a second copy of a key overwrites the first
-/// (an upsert, so that the runtime account's INSERT and UPDATE suffice).
-pub(crate) const UPSERT_INBOX: &str = "INSERT INTO receiver_inbox \
-     (consumer_name, queue_id, event_id, event_digest, event_canonical, applied, received_at) \
-     VALUES (?, ?, ?, ?, ?, 1, UTC_TIMESTAMP(6)) \
-     ON DUPLICATE KEY UPDATE event_digest = VALUES(event_digest), \
-       event_canonical = VALUES(event_canonical), received_at = VALUES(received_at)";
+/// [`Mutant::NoDigestCompare`]'s verdict: "the same digest", whatever is stored (it still
+/// takes the delivered digest as its first parameter, like the store's).
+const READ_VERDICT_UNCHECKED: &str = "SELECT ? IS NOT NULL, event_digest, applied \
+     FROM receiver_inbox WHERE consumer_name = ? AND queue_id = ? AND event_id = ?";
 
-/// The statement mutant `m` runs instead of the store's `sql`.
-pub(crate) fn statement(m: Mutant, sql: &'static str) -> &'static str {
-    use crate::store::{INSERT_INBOX, UPSERT_VIEW};
+/// The statements a store of mutant `m` runs: the store's own, with the mutant's changes.
+/// Built once per process (each leaked string lives as long as the program anyway).
+pub(crate) fn statements(m: Mutant) -> &'static Statements {
+    static MADE: [OnceLock<Statements>; Mutant::ALL.len()] =
+        [const { OnceLock::new() }; Mutant::ALL.len()];
+    let index = Mutant::ALL.iter().position(|x| *x == m).unwrap_or(0);
+    MADE[index].get_or_init(|| {
+        let standard = Statements::STANDARD;
+        match m {
+            // The ignored row is taken for a duplicate, unchecked.
+            Mutant::InsertIgnore => Statements {
+                insert_inbox: INSERT_INBOX_IGNORE,
+                read_verdict: READ_VERDICT_UNCHECKED,
+                ..standard
+            },
+            Mutant::NoDigestCompare => Statements {
+                read_verdict: READ_VERDICT_UNCHECKED,
+                ..standard
+            },
+            Mutant::AnyVersion => Statements {
+                upsert_view: UPSERT_VIEW_ANY_VERSION,
+                ..standard
+            },
+            Mutant::DuplicateIsError => Statements {
+                insert_inbox: INSERT_INBOX_DUPLICATE_FAILS,
+                ..standard
+            },
+            Mutant::NoInboxDedup => Statements {
+                insert_inbox: UPSERT_INBOX,
+                upsert_view: UPSERT_VIEW_ANY_VERSION,
+                ..standard
+            },
+            // The state parameter is read through a rewrite in the statement itself.
+            Mutant::NeedsReviewAsSucceeded => Statements {
+                upsert_view: leak(standard.upsert_view.replacen(
+                    "VALUES (?, ?, ?, ?, ?, ?, ?,",
+                    "VALUES (?, ?, ?, ?, ?, REPLACE(?, 'NEEDS_REVIEW', 'SUCCEEDED'), ?,",
+                    1,
+                )),
+                ..standard
+            },
+            Mutant::LocalTime => Statements {
+                insert_inbox: leak(standard.insert_inbox.replace("UTC_TIMESTAMP(6)", "NOW(6)")),
+                upsert_view: leak(standard.upsert_view.replace("UTC_TIMESTAMP(6)", "NOW(6)")),
+                time_zone: None,
+                ..standard
+            },
+            _ => standard,
+        }
+    })
+}
+
+fn leak(sql: String) -> &'static str {
+    Box::leak(sql.into_boxed_str())
+}
+
+/// [`Mutant::AsReceived`]'s event: `event` recording the bytes it was parsed from, and their
+/// SHA-256, instead of its canonical form. The result keeps its canonical bytes when they
+/// appear as such in `raw`; otherwise the view gets none.
+pub fn as_received(event: TaskEvent, raw: &[u8]) -> TaskEvent {
+    let result = event.result().and_then(|r| {
+        raw.windows(r.len())
+            .position(|w| w == r)
+            .map(|at| at..at + r.len())
+    });
+    event.with_stored_form(raw.to_vec(), result)
+}
+
+/// [`crate::schema::init`] for a store of mutant `m`: [`Mutant::CaseInsensitiveIds`] makes the
+/// identity columns text of the table's case-insensitive collation.
+pub async fn init(
+    dsn: &crate::Dsn,
+    m: Option<Mutant>,
+) -> Result<crate::schema::InitReport, crate::schema::InitError> {
+    let ddl = crate::schema::SCHEMA_SQL;
     match m {
-        Mutant::InsertIgnore if sql == INSERT_INBOX => INSERT_INBOX_IGNORE,
-        Mutant::AnyVersion | Mutant::NoInboxDedup if sql == UPSERT_VIEW => UPSERT_VIEW_ANY_VERSION,
-        Mutant::NoInboxDedup if sql == INSERT_INBOX => UPSERT_INBOX,
-        Mutant::LocalTime if sql == INSERT_INBOX || sql == UPSERT_VIEW => local_time(sql),
-        _ => sql,
+        Some(Mutant::CaseInsensitiveIds) => {
+            let ddl = ddl
+                .replace("VARBINARY(", "VARCHAR(")
+                .replace("COLLATE = utf8mb4_bin", "COLLATE = utf8mb4_general_ci");
+            crate::schema::init_from(dsn, &ddl).await
+        }
+        _ => crate::schema::init(dsn).await,
     }
-}
-
-/// `sql` with the session's local time (`NOW(6)`) for `UTC_TIMESTAMP(6)`, made once per
-/// statement.
-fn local_time(sql: &'static str) -> &'static str {
-    use std::sync::OnceLock;
-    static INBOX: OnceLock<String> = OnceLock::new();
-    static VIEW: OnceLock<String> = OnceLock::new();
-    let cell = if sql == crate::store::INSERT_INBOX {
-        &INBOX
-    } else {
-        &VIEW
-    };
-    cell.get_or_init(|| sql.replace("UTC_TIMESTAMP(6)", "NOW(6)"))
-}
-
-/// The state mutant `m` records in the view for an event in `state`.
-pub(crate) fn view_state(m: Mutant, state: crate::TaskState) -> &'static str {
-    match (m, state) {
-        (Mutant::NeedsReviewAsSucceeded, crate::TaskState::NeedsReview) => "SUCCEEDED",
-        _ => state.as_str(),
-    }
-}
-
-/// [`Mutant::CaseInsensitiveIds`]'s DDL: the identity columns as text of the table's
-/// case-insensitive collation.
-pub(crate) fn case_insensitive_schema(sql: &str) -> String {
-    sql.replace("VARBINARY(", "VARCHAR(")
-        .replace("COLLATE = utf8mb4_bin", "COLLATE = utf8mb4_general_ci")
 }

@@ -128,21 +128,8 @@ pub async fn init(dsn: &Dsn) -> Result<InitReport, InitError> {
     init_from(dsn, SCHEMA_SQL).await
 }
 
-/// Test builds only: [`init`] for a mutant receiver, which may change the DDL.
-#[cfg(feature = "mutants")]
-pub async fn init_mutant(
-    dsn: &Dsn,
-    mutant: Option<crate::mutants::Mutant>,
-) -> Result<InitReport, InitError> {
-    match mutant {
-        Some(crate::mutants::Mutant::CaseInsensitiveIds) => {
-            init_from(dsn, &crate::mutants::case_insensitive_schema(SCHEMA_SQL)).await
-        }
-        _ => init(dsn).await,
-    }
-}
-
-async fn init_from(dsn: &Dsn, schema_sql: &str) -> Result<InitReport, InitError> {
+/// [`init`] with the DDL given (a test build's mutant changes it).
+pub(crate) async fn init_from(dsn: &Dsn, schema_sql: &str) -> Result<InitReport, InitError> {
     let options = connect_options(dsn).map_err(InitError::Connect)?;
     let mut conn = MySqlConnection::connect_with(&options).await.map_err(|e| {
         let error = StorageError::from_sqlx(&e);

@@ -162,11 +162,49 @@ pub const MARK_STALE: &str = "UPDATE receiver_inbox SET applied = 0 \
 pub const READ_VIEW_EVENT: &str = "SELECT last_event_id FROM receiver_task_views \
      WHERE consumer_name = ? AND queue_id = ? AND task_id = ?";
 
-/// Reads the committed inbox record's digest and flag after a duplicate key (READ COMMITTED
-/// sees it: the 1062 is only raised once the competitor has committed). Not the frozen event:
-/// a duplicate should not cost a transfer of up to 512 KiB.
-pub const READ_VERDICT: &str = "SELECT event_digest, applied FROM receiver_inbox \
+/// After a duplicate key: whether the committed inbox record has this event's digest, that
+/// digest, and the record's flag (READ COMMITTED sees it: the 1062 is only raised once the
+/// competitor has committed). The server compares; the stored digest comes back for a
+/// conflict's message. Not the frozen event: a duplicate should not cost a transfer of up to
+/// 512 KiB. Binds the delivered digest, then the identity.
+pub const READ_VERDICT: &str =
+    "SELECT event_digest = ?, event_digest, applied FROM receiver_inbox \
      WHERE consumer_name = ? AND queue_id = ? AND event_id = ?";
+
+/// The session time zone of every store connection: times are stored as UTC.
+pub const SESSION_TIME_ZONE: &str = "+00:00";
+
+/// The statements of one apply and the session they run in: one value a store is built with.
+/// Production stores run [`Statements::STANDARD`]; a test build's mutant store runs another
+/// value (`mutants.rs`), so that the transaction below has no branch of its own for them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Statements {
+    pub insert_inbox: &'static str,
+    pub upsert_view: &'static str,
+    pub read_verdict: &'static str,
+    /// `None` leaves the server's own time zone.
+    pub time_zone: Option<&'static str>,
+}
+
+impl Statements {
+    /// What this store is documented to send (the table at the top of this file).
+    pub const STANDARD: Statements = Statements {
+        insert_inbox: INSERT_INBOX,
+        upsert_view: UPSERT_VIEW,
+        read_verdict: READ_VERDICT,
+        time_zone: Some(SESSION_TIME_ZONE),
+    };
+
+    /// The statements a store opened with `options` runs.
+    fn of(options: &StoreOptions) -> &'static Statements {
+        #[cfg(feature = "mutants")]
+        if let Some(m) = options.mutant {
+            return crate::mutants::statements(m);
+        }
+        let _ = options;
+        &Statements::STANDARD
+    }
+}
 
 /// Reads a whole inbox record (not part of apply).
 pub const READ_INBOX: &str = "SELECT event_digest, applied, event_canonical FROM receiver_inbox \
@@ -244,7 +282,7 @@ pub struct StoreOptions {
     /// Test builds only: awaited at [`crate::hooks::POINTS`].
     #[cfg(feature = "fault-hooks")]
     pub barrier: Option<crate::hooks::BarrierHook>,
-    /// Test builds only: the rule this store breaks.
+    /// Test builds only: the rule this store breaks (it runs that mutant's statements).
     #[cfg(feature = "mutants")]
     pub mutant: Option<crate::mutants::Mutant>,
 }
@@ -259,6 +297,20 @@ impl Default for StoreOptions {
             #[cfg(feature = "mutants")]
             mutant: None,
         }
+    }
+}
+
+impl StoreOptions {
+    /// These options with a pool of `n` connections.
+    pub fn max_connections(mut self, n: u32) -> Self {
+        self.max_connections = n;
+        self
+    }
+
+    /// These options with a time budget of `budget` per apply.
+    pub fn apply_timeout(mut self, budget: Duration) -> Self {
+        self.apply_timeout = budget;
+        self
     }
 }
 
@@ -288,10 +340,9 @@ pub struct Store {
     consumer: ConsumerName,
     queue: QueueId,
     apply_timeout: Duration,
+    statements: &'static Statements,
     #[cfg(feature = "fault-hooks")]
     barrier: Option<crate::hooks::BarrierHook>,
-    #[cfg(feature = "mutants")]
-    mutant: Option<crate::mutants::Mutant>,
 }
 
 /// Names only: the connection options hold the password.
@@ -320,7 +371,7 @@ pub struct Applied {
 pub fn connect_options(dsn: &Dsn) -> Result<MySqlConnectOptions, StorageError> {
     let options = MySqlConnectOptions::from_str(dsn.expose_url())
         .map_err(|_| StorageError::unexpected("the DSN is not a valid MySQL URL"))?;
-    Ok(options.timezone(Some("+00:00".to_owned())))
+    Ok(options.timezone(Some(SESSION_TIME_ZONE.to_owned())))
 }
 
 impl Store {
@@ -332,22 +383,17 @@ impl Store {
         queue: QueueId,
         options: StoreOptions,
     ) -> Result<Store, StorageError> {
-        let connect = connect_options(dsn)?;
-        #[cfg(feature = "mutants")]
-        let connect = match options.mutant {
-            Some(crate::mutants::Mutant::LocalTime) => connect.timezone(None::<String>),
-            _ => connect,
-        };
+        let statements = Statements::of(&options);
+        let connect = connect_options(dsn)?.timezone(statements.time_zone.map(str::to_owned));
         let pool = Arc::new(Pool::new(connect, options.max_connections));
         let store = Store {
             pool,
             consumer,
             queue,
             apply_timeout: options.apply_timeout,
+            statements,
             #[cfg(feature = "fault-hooks")]
             barrier: options.barrier,
-            #[cfg(feature = "mutants")]
-            mutant: options.mutant,
         };
         // Fail at start, not at the first event, when `init` was never run. A server that
         // accepts the connection and then says nothing must not hold the start forever.
@@ -547,43 +593,32 @@ impl Store {
         conn.execute("BEGIN").await?;
         #[cfg(feature = "fault-hooks")]
         self.barrier("before_insert", event).await;
-        let (digest, stored) = event.inbox_record();
-        let inserted = sqlx::query(self.statement(INSERT_INBOX))
+        let inserted = sqlx::query(self.statements.insert_inbox)
             .bind(consumer)
             .bind(queue)
             .bind(event_id)
-            .bind(&digest.0[..])
-            .bind(stored)
+            .bind(&event.digest().0[..])
+            .bind(event.canonical())
             .execute(&mut *conn)
             .await;
         match inserted {
-            // The mutant takes a row its IGNORE skipped for a duplicate, unchecked.
-            #[cfg(feature = "mutants")]
-            Ok(r)
-                if r.rows_affected() == 0
-                    && self.mutant == Some(crate::mutants::Mutant::InsertIgnore) =>
-            {
-                conn.execute("COMMIT").await?;
-                return Ok(Step::Committed(Outcome::Duplicate { applied: true }));
-            }
+            // No row inserted: the key was taken. The plain INSERT always reports 1062 instead;
+            // reading the count keeps the decision on what the server did, whatever the
+            // statement.
+            Ok(r) if r.rows_affected() == 0 => return Ok(Step::AlreadyRecorded),
             Ok(_) => {}
-            // The mutant fails on the duplicate key like on any other error.
-            #[cfg(feature = "mutants")]
-            Err(e) if self.mutant == Some(crate::mutants::Mutant::DuplicateIsError) => {
-                return Err(e.into())
-            }
             // The inbox has one unique key, so a 1062 here is always the dedup identity.
             Err(e) if mysql_number(&e) == Some(ER_DUP_ENTRY) => return Ok(Step::AlreadyRecorded),
             Err(e) => return Err(e.into()),
         }
 
-        let upserted = sqlx::query(self.statement(UPSERT_VIEW))
+        let upserted = sqlx::query(self.statements.upsert_view)
             .bind(consumer)
             .bind(queue)
             .bind(task)
             .bind(event.version())
             .bind(event_id)
-            .bind(self.view_state(event).as_bytes())
+            .bind(event.state().as_str().as_bytes())
             .bind(event.result())
             .execute(&mut *conn)
             .await?;
@@ -634,24 +669,6 @@ impl Store {
         }
     }
 
-    /// The statement to run for `sql`: itself, or in a mutant build the mutant's version.
-    fn statement(&self, sql: &'static str) -> &'static str {
-        #[cfg(feature = "mutants")]
-        if let Some(m) = self.mutant {
-            return crate::mutants::statement(m, sql);
-        }
-        sql
-    }
-
-    /// The state the view records: the event's, or in a mutant build the mutant's reading.
-    fn view_state(&self, event: &TaskEvent) -> &'static str {
-        #[cfg(feature = "mutants")]
-        if let Some(m) = self.mutant {
-            return crate::mutants::view_state(m, event.state());
-        }
-        event.state().as_str()
-    }
-
     #[cfg(feature = "fault-hooks")]
     async fn barrier(&self, point: &'static str, event: &TaskEvent) {
         if let Some(hook) = &self.barrier {
@@ -665,26 +682,24 @@ impl Store {
         conn: &mut MySqlConnection,
         event: &TaskEvent,
     ) -> Result<Outcome, ApplyError> {
-        let row = self
-            .identity_query(READ_VERDICT, event.id())
+        let row = sqlx::query(self.statements.read_verdict)
+            .bind(&event.digest().0[..])
+            .bind(self.consumer.as_str().as_bytes())
+            .bind(self.queue.as_str().as_bytes())
+            .bind(event.id().as_str().as_bytes())
             .fetch_optional(&mut *conn)
             .await?
             .ok_or(ApplyError::Storage(StorageError::unexpected(
                 "inbox row vanished after a duplicate key",
             )))?;
-        let stored = digest_column(&row, 0)?;
-        #[cfg(feature = "mutants")]
-        let stored = match self.mutant {
-            Some(crate::mutants::Mutant::NoDigestCompare) => event.digest(),
-            _ => stored,
-        };
-        if stored == event.digest() {
+        let same: i64 = row.try_get(0)?;
+        if same == 1 {
             Ok(Outcome::Duplicate {
-                applied: row.try_get(1)?,
+                applied: row.try_get(2)?,
             })
         } else {
             Err(ApplyError::Conflict(Conflict::DigestMismatch {
-                stored,
+                stored: digest_column(&row, 1)?,
                 delivered: event.digest(),
             }))
         }

@@ -15,13 +15,14 @@
 //! delivery is taken ([`crate::outage`]).
 
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use orbit_sdk::{Client, ConsumerEvent, CreditGate, EventConsumer};
 
 use crate::config::ConsumeConfig;
-use crate::delivery::apply_raw;
+use crate::delivery::{apply_raw, Handled};
 use crate::metrics::Metrics;
 use crate::outage::{Outage, PROBE_FIRST_WAIT, PROBE_MAX_WAIT};
 use result_inbox::Store;
@@ -83,9 +84,7 @@ async fn start(
         .get_subscription(&config.subscription)
         .await
         .map_err(ConsumeError::Platform)?;
-    #[cfg(feature = "mutants")]
-    crate::mutant::at_start(config.run.platform.credentials.token.expose());
-    if subscription.queue_id != queue.as_str() && checks_queue() {
+    if subscription.queue_id != queue.as_str() {
         return Err(ConsumeError::WrongQueue {
             id: subscription.id,
             actual: subscription.queue_id,
@@ -102,17 +101,13 @@ async fn start(
             });
         }
     }
-    // The core's test hook field exists whenever another crate of the build turns it on.
-    #[allow(clippy::needless_update)]
-    let options = StoreOptions {
-        max_connections: CONCURRENCY as u32 + 1,
-        apply_timeout: config.apply_timeout.unwrap_or(result_inbox::APPLY_TIMEOUT),
-        #[cfg(feature = "fault-barriers")]
-        barrier: Some(crate::fault::store_hook()),
-        #[cfg(feature = "mutants")]
-        mutant: crate::mutant::active(),
-        ..StoreOptions::default()
-    };
+    let options = StoreOptions::default()
+        .max_connections(CONCURRENCY as u32 + 1)
+        .apply_timeout(config.apply_timeout.unwrap_or(result_inbox::APPLY_TIMEOUT));
+    #[cfg(feature = "fault-barriers")]
+    let options = crate::fault::hook_store(options);
+    #[cfg(feature = "mutants")]
+    let options = crate::mutant::hook_store(options);
     let store = connect_store(config, queue, options).await?;
     Ok((client, subscription, Arc::new(store)))
 }
@@ -157,10 +152,37 @@ async fn connect_store(
     }
 }
 
+/// How `consume` applies one delivered event, finishing by the deadline, before it decides on
+/// the ACK from what comes back. The program's is [`apply_event`]; the kit's mutant build
+/// passes its own (`mutant.rs`), so that no mutant runs inside [`run_with`].
+pub type ApplyEvent = for<'a> fn(
+    &'a Store,
+    &'a [u8],
+    tokio::time::Instant,
+) -> Pin<Box<dyn Future<Output = Handled> + Send + 'a>>;
+
+/// The event as delivered, validated and applied ([`apply_raw`]).
+pub fn apply_event<'a>(
+    store: &'a Store,
+    raw: &'a [u8],
+    deadline: tokio::time::Instant,
+) -> Pin<Box<dyn Future<Output = Handled> + Send + 'a>> {
+    Box::pin(async move { apply_raw(store, raw, Some(deadline)).await.1 })
+}
+
 /// Consumes until `stop` completes. A `stop` during start-up ends it at once, successfully.
 pub async fn run(
     config: &ConsumeConfig,
     stop: impl Future<Output = &'static str>,
+) -> Result<(), ConsumeError> {
+    run_with(config, stop, apply_event).await
+}
+
+/// [`run`], applying each event with `apply`.
+pub async fn run_with(
+    config: &ConsumeConfig,
+    stop: impl Future<Output = &'static str>,
+    apply: ApplyEvent,
 ) -> Result<(), ConsumeError> {
     let mut stop = std::pin::pin!(stop);
     // The fault build checks its barrier settings before anything connects.
@@ -200,10 +222,8 @@ pub async fn run(
     }
     let gate = CreditGate::new();
     let outage = Outage::new(store.clone(), gate.clone(), metrics.clone());
-    #[cfg(feature = "mutants")]
-    let on_stop = crate::mutant::on_stop(client.clone(), subscription.id.clone());
     let consumer = {
-        let (store, queue) = (store.clone(), queue.clone());
+        let store = store.clone();
         let consumer = EventConsumer::new(client, subscription.id.clone())
             .concurrency(CONCURRENCY)
             .credit_gate(gate);
@@ -211,42 +231,19 @@ pub async fn run(
         let consumer = consumer.after_ack_sent(crate::fault::ack_sent_hook());
         let metrics = metrics.clone();
         consumer.start(move |d| {
-            let (store, queue, outage) = (store.clone(), queue.clone(), outage.clone());
+            let (store, outage) = (store.clone(), outage.clone());
             let metrics = metrics.clone();
             async move {
                 let started = Instant::now();
                 metrics.started();
                 let deadline = tokio::time::Instant::from_std(started) + window;
-                #[cfg(feature = "mutants")]
-                if crate::mutant::is(crate::mutant::Mutant::AckBeforeCommit) {
-                    // Success at once; the apply runs behind the ACK.
-                    let (raw, id, attempt) =
-                        (d.event_json().to_owned(), d.delivery_id.clone(), d.attempt);
-                    tokio::spawn(async move {
-                        let h = apply_raw(&store, &queue, raw.as_bytes(), Some(deadline)).await;
-                        h.log(&id, attempt, started.elapsed().as_millis() as u64);
-                    });
-                    return Ok(());
-                }
-                let h = apply_raw(&store, &queue, event_json(&d).as_bytes(), Some(deadline)).await;
+                let h = apply(&store, d.event_json().as_bytes(), deadline).await;
                 let took = started.elapsed();
                 metrics.handled(&h, took);
                 h.log(&d.delivery_id, d.attempt, took.as_millis() as u64);
                 if h.suspect_database {
                     outage.suspect();
                 }
-                #[cfg(feature = "mutants")]
-                let h = match h.classification {
-                    crate::delivery::Classification::CommitUnconfirmed
-                        if crate::mutant::is(crate::mutant::Mutant::UnconfirmedIsSuccess) =>
-                    {
-                        crate::delivery::Handled {
-                            classification: crate::delivery::Classification::Applied,
-                            ..h
-                        }
-                    }
-                    _ => h,
-                };
                 if h.classification.acks() {
                     #[cfg(feature = "fault-barriers")]
                     crate::fault::barrier("after_commit", h.event_id.as_deref().unwrap_or("-"))
@@ -287,8 +284,6 @@ pub async fn run(
     let signal = stop.await;
     tracing::info!(signal, "stopping: cancelling in-flight handlers");
     let summary = consumer.shutdown(DRAIN).await;
-    #[cfg(feature = "mutants")]
-    on_stop.await;
     watch.abort();
     store.close().await;
     tracing::info!(
@@ -297,26 +292,6 @@ pub async fn run(
         "stopped; the subscription stays enabled"
     );
     Ok(())
-}
-
-/// Whether `consume` compares the subscription's queue with the configured one: always, but
-/// in a mutant build that drops the check.
-fn checks_queue() -> bool {
-    #[cfg(feature = "mutants")]
-    if crate::mutant::is(crate::mutant::Mutant::NoQueueCheck) {
-        return false;
-    }
-    true
-}
-
-/// The event as the handler applies it: as the platform sent it, or in a mutant build the
-/// mutant's rewrite of it.
-fn event_json(d: &orbit_sdk::Delivery) -> std::borrow::Cow<'_, str> {
-    #[cfg(feature = "mutants")]
-    if let Some(rewritten) = crate::mutant::rewrite_event(d.event_json()) {
-        return rewritten.into();
-    }
-    d.event_json().into()
 }
 
 #[cfg(test)]

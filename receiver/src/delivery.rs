@@ -171,20 +171,16 @@ pub async fn apply(
     (applied.result.ok(), handled)
 }
 
-/// Validates `raw` for `queue` and applies it.
+/// Validates `raw` for the store's queue and applies it; the outcome (none when the event
+/// was refused or the apply failed) and how to report it.
 pub async fn apply_raw(
     store: &Store,
-    queue: &QueueId,
     raw: &[u8],
     deadline: Option<Instant>,
-) -> Handled {
-    match parse(raw, queue) {
-        #[cfg(feature = "mutants")]
-        Ok(event) if crate::mutant::is(crate::mutant::Mutant::AsReceived) => {
-            apply(store, &event.with_received(raw), deadline).await.1
-        }
-        Ok(event) => apply(store, &event, deadline).await.1,
-        Err(rejected) => rejected,
+) -> (Option<Outcome>, Handled) {
+    match parse(raw, store.queue()) {
+        Ok(event) => apply(store, &event, deadline).await,
+        Err(rejected) => (None, rejected),
     }
 }
 

@@ -159,12 +159,13 @@ pub fn ack_sent_hook() -> orbit_sdk::consumer::AckSentHook {
     }))
 }
 
-/// The store's hook that runs the barriers inside the Apply transaction
-/// (`result_inbox::hooks::POINTS`).
-pub fn store_hook() -> result_inbox::hooks::BarrierHook {
-    result_inbox::hooks::BarrierHook(std::sync::Arc::new(
+/// `options` with the store's barriers (`result_inbox::hooks::POINTS`, inside the Apply
+/// transaction) hooked to this build's.
+pub fn hook_store(options: result_inbox::StoreOptions) -> result_inbox::StoreOptions {
+    let barrier = Some(result_inbox::hooks::BarrierHook(std::sync::Arc::new(
         |point: &'static str, event_id: String| {
             Box::pin(async move { barrier(point, &event_id).await })
         },
-    ))
+    )));
+    result_inbox::StoreOptions { barrier, ..options }
 }

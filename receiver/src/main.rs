@@ -182,7 +182,7 @@ fn init() -> ExitCode {
     #[cfg(not(feature = "mutants"))]
     let init = result_inbox::schema::init(&config.dsn);
     #[cfg(feature = "mutants")]
-    let init = result_inbox::schema::init_mutant(&config.dsn, receiver::mutant::active());
+    let init = receiver::mutant::init(&config.dsn);
     finish("init", runtime().block_on(init))
 }
 
@@ -236,7 +236,10 @@ fn consume() -> ExitCode {
                 _ = int.recv() => "SIGINT",
             }
         };
-        receiver::consume::run(&config, stop).await
+        #[cfg(not(feature = "mutants"))]
+        return receiver::consume::run(&config, stop).await;
+        #[cfg(feature = "mutants")]
+        return receiver::mutant::consume(&config, stop).await;
     });
     // Do not wait for stray blocking work: the 10 s promise holds.
     rt.shutdown_timeout(std::time::Duration::from_secs(1));

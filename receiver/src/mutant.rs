@@ -1,8 +1,22 @@
 //! Test builds only (feature `mutants`, binary `receiver-mutant`): the receiver with one rule
 //! broken, chosen by `RECEIVER_MUTANT` (`result_inbox::mutants`), so that the conformance kit
 //! can prove each of its cases can fail. Built by `make mutant-build`, never released.
+//!
+//! Everything here wraps what the program does instead of living inside it: the storage
+//! mutants are another statement table for the store ([`hook_store`]); `init` and `consume` are
+//! wrapped ([`init`], [`consume`]); the per-event mutants are another [`crate::consume::ApplyEvent`]
+//! given to `consume`.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::OnceLock;
+
+use result_inbox::Store;
+use tokio::time::Instant;
+
+use crate::config::ConsumeConfig;
+use crate::consume::ConsumeError;
+use crate::delivery::{self, apply_raw, parse, Classification, Handled};
 
 pub use result_inbox::mutants::Mutant;
 
@@ -38,32 +52,119 @@ pub fn is(m: Mutant) -> bool {
     active() == Some(m)
 }
 
-/// At the start of `consume`: [`Mutant::PrintsToken`] prints the platform token.
-pub fn at_start(token: &str) {
-    if is(Mutant::PrintsToken) {
-        eprintln!("receiver-mutant: platform token {token}");
+/// `options` for a store that breaks the active mutant's storage rule, if it has one.
+pub fn hook_store(options: result_inbox::StoreOptions) -> result_inbox::StoreOptions {
+    result_inbox::StoreOptions {
+        mutant: active(),
+        ..options
     }
 }
 
-/// What `consume` does once its consumer has stopped: [`Mutant::PauseOnSigterm`] pauses the
-/// subscription.
-pub async fn on_stop(client: orbit_sdk::Client, subscription: String) {
+/// `receiver init` in this build: [`Mutant::CaseInsensitiveIds`] changes the DDL.
+pub async fn init(
+    dsn: &result_inbox::Dsn,
+) -> Result<result_inbox::schema::InitReport, result_inbox::schema::InitError> {
+    result_inbox::mutants::init(dsn, active()).await
+}
+
+/// `receiver consume` in this build: [`crate::consume::run_with`] wrapped, so that the
+/// production path carries none of this.
+/// - [`Mutant::PrintsToken`] prints the platform token first.
+/// - [`Mutant::NoQueueCheck`] consumes whatever queue the subscription has: the configured
+///   queue is replaced by the subscription's before consume compares them.
+/// - [`Mutant::PauseOnSigterm`] pauses the subscription once consume has stopped.
+/// - The others apply each event their way ([`apply`]).
+pub async fn consume(
+    config: &ConsumeConfig,
+    stop: impl std::future::Future<Output = &'static str>,
+) -> Result<(), ConsumeError> {
+    let platform = &config.run.platform;
+    let client = orbit_sdk::Client::new(&platform.url, platform.credentials.token.clone())
+        .map_err(ConsumeError::Platform)?;
+    if is(Mutant::PrintsToken) {
+        eprintln!(
+            "receiver-mutant: platform token {}",
+            platform.credentials.token.expose()
+        );
+    }
+    let mut config = config.clone();
+    if is(Mutant::NoQueueCheck) {
+        let subscription = client
+            .get_subscription(&config.subscription)
+            .await
+            .map_err(ConsumeError::Platform)?;
+        if let Ok(queue) = result_inbox::QueueId::new(subscription.queue_id) {
+            config.run.platform.queue = queue;
+        }
+    }
+    crate::consume::run_with(&config, stop, apply).await?;
     if is(Mutant::PauseOnSigterm) {
-        match client.pause_subscription(&subscription).await {
+        let subscription = &config.subscription;
+        match client.pause_subscription(subscription).await {
             Ok(_) => eprintln!("receiver-mutant: paused subscription {subscription}"),
             Err(e) => {
                 eprintln!("receiver-mutant: could not pause subscription {subscription}: {e}")
             }
         }
     }
+    Ok(())
+}
+
+/// How this build applies one event:
+/// - [`Mutant::AckBeforeCommit`] reports success at once and applies behind the ACK;
+/// - [`Mutant::UnconfirmedIsSuccess`] reports a COMMIT without an answer as applied;
+/// - [`Mutant::FloatNumbers`] applies the event with its result's numbers through an `f64`;
+/// - [`Mutant::AsReceived`] records the bytes as received
+///   (`result_inbox::mutants::as_received`);
+/// - the others apply as the program does (their changes are in the store's statements).
+fn apply<'a>(
+    store: &'a Store,
+    raw: &'a [u8],
+    deadline: Instant,
+) -> Pin<Box<dyn Future<Output = Handled> + Send + 'a>> {
+    Box::pin(async move {
+        match active() {
+            Some(Mutant::AckBeforeCommit) => {
+                let (store, raw) = (store.clone(), raw.to_vec());
+                tokio::spawn(async move { apply_raw(&store, &raw, Some(deadline)).await });
+                Handled {
+                    classification: Classification::Applied,
+                    event_id: None,
+                    retries: 0,
+                    detail: None,
+                    suspect_database: false,
+                }
+            }
+            Some(Mutant::UnconfirmedIsSuccess) => {
+                let h = apply_raw(store, raw, Some(deadline)).await.1;
+                match h.classification {
+                    Classification::CommitUnconfirmed => Handled {
+                        classification: Classification::Applied,
+                        ..h
+                    },
+                    _ => h,
+                }
+            }
+            Some(Mutant::FloatNumbers) => {
+                let rewritten = std::str::from_utf8(raw).ok().and_then(through_f64_event);
+                let raw = rewritten.as_deref().map_or(raw, str::as_bytes);
+                apply_raw(store, raw, Some(deadline)).await.1
+            }
+            Some(Mutant::AsReceived) => match parse(raw, store.queue()) {
+                Ok(event) => {
+                    let event = result_inbox::mutants::as_received(event, raw);
+                    delivery::apply(store, &event, Some(deadline)).await.1
+                }
+                Err(rejected) => rejected,
+            },
+            _ => apply_raw(store, raw, Some(deadline)).await.1,
+        }
+    })
 }
 
 /// The event [`Mutant::FloatNumbers`] applies instead of `raw`: every number of its result
-/// through an `f64` (`None` for the other mutants, or when `raw` is not a JSON object).
-pub fn rewrite_event(raw: &str) -> Option<String> {
-    if !is(Mutant::FloatNumbers) {
-        return None;
-    }
+/// through an `f64` (`None` when `raw` is not a JSON object with a result).
+fn through_f64_event(raw: &str) -> Option<String> {
     let mut event: serde_json::Value = serde_json::from_str(raw).ok()?;
     let result = event.get_mut("result")?;
     *result = through_f64(result.take());

@@ -27,6 +27,9 @@ use testdb::{Cluster, Provisioned, Server};
 /// yet suspected (`evs.suspect_timeout`, 5 s), below the platform's 30 s lease.
 const BUDGET: Duration = Duration::from_secs(15);
 
+/// How long a test's setup waits for every node to let the runtime account use its database.
+const SETUP_WAIT: Duration = Duration::from_secs(30);
+
 static CLUSTER: OnceLock<Result<Cluster, String>> = OnceLock::new();
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
@@ -84,15 +87,29 @@ impl OnCluster {
             .expect("receiver tables created");
         db.grant_runtime().await.expect("runtime grants given");
         let me = OnCluster { cluster, db };
-        // Other nodes apply the tables and grants after node 1 has answered: a read with
-        // wsrep_sync_wait on each waits for them, so that no test's first connection to
-        // another node meets a table or a grant not there yet (1142, seen once under load).
+        // Other nodes apply the tables and grants after node 1 has answered, and a node's
+        // privilege cache may admit the account later still (1044 and 1142 were each seen once
+        // under load, after a SHOW GRANTS there had already listed them). So wait for what the
+        // tests need: the runtime account connecting to the database and reading both tables
+        // on every node. Refusals are retried here, during setup only, within a bound.
         for i in 0..me.cluster.nodes().len() {
-            let mut c = me.admin(i).await;
-            sqlx::query(&format!("SHOW GRANTS FOR '{}'@'%'", me.db.runtime.user))
-                .fetch_all(&mut c)
-                .await
-                .unwrap_or_else(|e| panic!("node {}: the runtime grants: {e}", i + 1));
+            let started = Instant::now();
+            loop {
+                match me.store(i).await {
+                    Ok(store) => {
+                        store.close().await;
+                        break;
+                    }
+                    Err(_) if started.elapsed() < SETUP_WAIT => {
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                    Err(e) => panic!(
+                        "node {}: the runtime account still cannot use the test database after {:?}: {e}",
+                        i + 1,
+                        SETUP_WAIT
+                    ),
+                }
+            }
         }
         Some(me)
     }
