@@ -55,7 +55,7 @@ unit: ## Only the tests that need no server
 	$(CARGO) test --workspace --exclude conformance
 	$(CARGO) test -p testdb --features container --lib
 
-# Each suite (a module of harness/conformance/tests/it) in its own process with its own
+# Each suite (a module of test-suite/conformance/tests/it) in its own process with its own
 # temporary MySQL server, three at a time; a summary table; fails if anything is left behind.
 # INTEGRATION_ARGS passes options, e.g. INTEGRATION_ARGS="--only faults,storage".
 integration: deps build fault-build mutant-build release ## Every real-server suite in parallel, a summary table, a cleanup check (about 1-2 minutes)

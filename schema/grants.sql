@@ -8,7 +8,7 @@
 -- Create the accounts first, with passwords from your secret store, e.g.
 --   CREATE USER 'receiver_init'@'localhost' IDENTIFIED BY '...';
 --
--- The harness (harness/testdb) runs this same file with its own generated names,
+-- The harness (test-lib/testdb) runs this same file with its own generated names,
 -- so the tests prove these grants are enough and no more than enough.
 
 -- Step 1, before `receiver init`: the init account may create tables in the

@@ -1,0 +1,224 @@
+//! `receiver init`: runs the initial DDL from `schema/schema.sql`, once.
+//!
+//! The DDL is that file itself, compiled in, not a copy. Init only ever creates: if either
+//! table already exists it stops before running anything, and it never repairs a partial
+//! schema nor alters structure (upgrades are the receiver's own forward migrations).
+
+use std::fmt;
+
+use sqlx::{Connection, Executor, MySqlConnection, Row};
+
+use crate::dsn::Dsn;
+use crate::store::{connect_options, StorageError};
+
+/// The initial DDL, version 1: `schema/schema.sql`.
+pub const SCHEMA_SQL: &str = include_str!("../../../schema/schema.sql");
+
+/// The receiver's tables, in creation order.
+pub const TABLES: [&str; 2] = ["receiver_inbox", "receiver_task_views"];
+
+const EXISTING_TABLES: &str = "SELECT table_name FROM information_schema.tables \
+     WHERE table_schema = DATABASE() AND table_name IN ('receiver_inbox', 'receiver_task_views') \
+     ORDER BY table_name";
+
+const FOREIGN_KEYS: &str = "SELECT COUNT(*) FROM information_schema.table_constraints \
+     WHERE constraint_schema = DATABASE() \
+       AND table_name IN ('receiver_inbox', 'receiver_task_views') \
+       AND constraint_type = 'FOREIGN KEY'";
+
+/// What a successful init reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InitReport {
+    /// Foreign keys on the receiver's tables, read back from information_schema.
+    pub foreign_keys: i64,
+}
+
+impl fmt::Display for InitReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "receiver_schema_initialized=true foreign_keys={}",
+            self.foreign_keys
+        )
+    }
+}
+
+/// Why init did not complete.
+#[derive(Debug, thiserror::Error)]
+pub enum InitError {
+    #[error("the receiver schema already exists in database `{database}` ({tables}): init only creates tables in an empty receiver database and changed nothing")]
+    AlreadyInitialized { database: String, tables: String },
+    #[error("database `{0}` does not exist or this account cannot use it: a DBA creates it and grants CREATE on it first (schema/grants.sql)")]
+    UnknownDatabase(String),
+    #[error("cannot connect to the receiver database: {0}")]
+    Connect(StorageError),
+    #[error("creating `{table}` failed: {error}; {note}")]
+    Create {
+        table: &'static str,
+        error: StorageError,
+        note: &'static str,
+    },
+    #[error("reading back the schema failed: {0}")]
+    Verify(StorageError),
+}
+
+/// Splits a DDL script into statements: on `;` outside quotes, with `--` and `/* */` comments
+/// removed.
+pub fn statements(sql: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut current = String::new();
+    let mut chars = sql.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '\'' | '"' | '`' => {
+                current.push(c);
+                while let Some(d) = chars.next() {
+                    current.push(d);
+                    if d == '\\' && c != '`' {
+                        if let Some(e) = chars.next() {
+                            current.push(e);
+                        }
+                    } else if d == c {
+                        if chars.peek() == Some(&c) {
+                            current.push(chars.next().unwrap_or(c));
+                        } else {
+                            break;
+                        }
+                    }
+                }
+            }
+            '-' if chars.peek() == Some(&'-') => {
+                for d in chars.by_ref() {
+                    if d == '\n' {
+                        current.push('\n');
+                        break;
+                    }
+                }
+            }
+            '/' if chars.peek() == Some(&'*') => {
+                chars.next();
+                let mut prev = ' ';
+                for d in chars.by_ref() {
+                    if prev == '*' && d == '/' {
+                        break;
+                    }
+                    prev = d;
+                }
+                current.push(' ');
+            }
+            ';' => {
+                let stmt = current.trim();
+                if !stmt.is_empty() {
+                    out.push(stmt.to_owned());
+                }
+                current.clear();
+            }
+            _ => current.push(c),
+        }
+    }
+    let stmt = current.trim();
+    if !stmt.is_empty() {
+        out.push(stmt.to_owned());
+    }
+    out
+}
+
+/// Creates the receiver's tables in the database `dsn` names.
+pub async fn init(dsn: &Dsn) -> Result<InitReport, InitError> {
+    init_from(dsn, SCHEMA_SQL).await
+}
+
+/// [`init`] with the DDL given (a test build's mutant changes it).
+pub(crate) async fn init_from(dsn: &Dsn, schema_sql: &str) -> Result<InitReport, InitError> {
+    let options = connect_options(dsn).map_err(InitError::Connect)?;
+    let mut conn = MySqlConnection::connect_with(&options).await.map_err(|e| {
+        let error = StorageError::from_sqlx(&e);
+        match error.number() {
+            // Unknown database; access denied to the database.
+            Some(1049 | 1044) => InitError::UnknownDatabase(dsn.database().to_owned()),
+            _ => InitError::Connect(error),
+        }
+    })?;
+
+    let existing: Vec<String> = sqlx::query(EXISTING_TABLES)
+        .fetch_all(&mut conn)
+        .await
+        .map_err(|e| InitError::Verify(StorageError::from_sqlx(&e)))?
+        .iter()
+        .map(|row| {
+            row.try_get::<String, _>(0)
+                .or_else(|_| {
+                    row.try_get::<Vec<u8>, _>(0)
+                        .map(|b| String::from_utf8_lossy(&b).into_owned())
+                })
+                .unwrap_or_default()
+        })
+        .collect();
+    if !existing.is_empty() {
+        return Err(InitError::AlreadyInitialized {
+            database: dsn.database().to_owned(),
+            tables: existing.join(", "),
+        });
+    }
+
+    for (i, stmt) in statements(schema_sql).iter().enumerate() {
+        let table = TABLES.get(i).copied().unwrap_or("?");
+        conn.execute(stmt.as_str())
+            .await
+            .map_err(|e| InitError::Create {
+                table,
+                error: StorageError::from_sqlx(&e),
+                note: if i == 0 {
+                    "nothing was created"
+                } else {
+                    "earlier tables were created; init never repairs a partial schema, drop them by hand before running it again"
+                },
+            })?;
+    }
+
+    let foreign_keys: i64 = sqlx::query(FOREIGN_KEYS)
+        .fetch_one(&mut conn)
+        .await
+        .and_then(|row| row.try_get(0))
+        .map_err(|e| InitError::Verify(StorageError::from_sqlx(&e)))?;
+    let _ = conn.close().await;
+    Ok(InitReport { foreign_keys })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_schema_file_is_two_create_tables_in_order() {
+        let stmts = statements(SCHEMA_SQL);
+        assert_eq!(stmts.len(), 2);
+        for (stmt, table) in stmts.iter().zip(TABLES) {
+            assert!(
+                stmt.starts_with(&format!("CREATE TABLE {table} (")),
+                "{stmt}"
+            );
+            assert!(!stmt.contains("IF NOT EXISTS"));
+            assert!(!stmt.to_uppercase().contains("FOREIGN KEY"));
+            for line in stmt.lines() {
+                let column_type = line.split_whitespace().nth(1).unwrap_or("");
+                assert!(
+                    !column_type.to_uppercase().starts_with("JSON"),
+                    "a JSON column rewrites numbers and key order: {line}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn splitter_respects_quotes_and_comments() {
+        let sql = "-- a; comment\nCREATE TABLE a (x INT COMMENT 'semi; colon ''q''');\n/* b; */ SELECT \"x;\";";
+        assert_eq!(
+            statements(sql),
+            vec![
+                "CREATE TABLE a (x INT COMMENT 'semi; colon ''q''')".to_owned(),
+                "SELECT \"x;\"".to_owned()
+            ]
+        );
+    }
+}
