@@ -20,7 +20,7 @@ CREATE TABLE receiver_task_views (
     consumer_name  VARBINARY(64)  NOT NULL COMMENT '消费者名称：固定的接收用途（RECEIVER_NAME），按字节比较',
     queue_id       VARBINARY(128) NOT NULL COMMENT '来源队列 ID，按字节比较',
     task_id        VARBINARY(128) NOT NULL COMMENT '平台任务 ID；与消费者名称、队列共同构成视图身份，按字节比较',
-    task_version   BIGINT UNSIGNED NOT NULL COMMENT '已应用的最高任务版本；只有更高版本才能推进，事务内新建行的占位值 0 不会在提交后留存',
+    task_version   BIGINT UNSIGNED NOT NULL COMMENT '已应用的最高任务版本（≥ 1）；只有更高版本才能推进；任务的首个事件直接以最终值建立视图行，任何时刻都没有占位版本',
     last_event_id  VARBINARY(128) NOT NULL COMMENT '推进视图的最后一个事件 ID；同版本不同事件 ID 视为冲突',
     last_state     VARBINARY(32)  NOT NULL COMMENT '最后状态，如 CANCELLED、SUCCEEDED、NEEDS_REVIEW（待核查，绝不转译为成功）',
     last_result    MEDIUMBLOB     NULL     COMMENT '最后结果的规范化 JSON 原始字节；事件未携带结果时为 SQL NULL',

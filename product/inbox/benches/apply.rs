@@ -291,11 +291,11 @@ fn main() {
         .unwrap();
     rt.block_on(async move {
         let db = server.provision().await.unwrap();
-        result_inbox::schema::init(&Dsn::parse(&db.init_url()).unwrap()).await.unwrap();
+        result_inbox::schema::init(&Dsn::parse(db.init_url().expose()).unwrap()).await.unwrap();
         db.grant_runtime().await.unwrap();
         let admin: MySqlPool = MySqlPoolOptions::new()
             .max_connections(20)
-            .connect_with(sqlx::mysql::MySqlConnectOptions::from_str(&db.admin_receiver_url()).unwrap())
+            .connect_with(sqlx::mysql::MySqlConnectOptions::from_str(db.admin_receiver_url().expose()).unwrap())
             .await
             .unwrap();
         let settings = admin
@@ -318,7 +318,7 @@ fn main() {
         );
         let store = Arc::new(
             Store::connect(
-                &Dsn::parse(&db.runtime_url()).unwrap(),
+                &Dsn::parse(db.runtime_url().expose()).unwrap(),
                 ConsumerName::default(),
                 QueueId::new("inbox-demo").unwrap(),
                 StoreOptions { max_connections: 20, ..StoreOptions::default() },
@@ -333,7 +333,7 @@ fn main() {
             let tag = format!("c{concurrency}");
             // (a) the bare commit and (b) the two-row floor, each worker on a connection of
             // its own (no pool, no ping), as the store's own connections are.
-            let conns = dedicated(&db.admin_receiver_url(), concurrency).await;
+            let conns = dedicated(db.admin_receiver_url().expose(), concurrency).await;
             let baseline = counted(&admin, ops, async {
                 bare_commits(&conns, &tag, ops, concurrency).await
             })
@@ -507,7 +507,7 @@ fn main() {
         for concurrency in [1usize, 4, 16] {
             let waits_before = log_waits(admin.clone()).await;
             let tag = format!("L{concurrency}");
-            let conns = dedicated(&db.admin_receiver_url(), concurrency).await;
+            let conns = dedicated(db.admin_receiver_url().expose(), concurrency).await;
             let bare = bare_commits(&conns, &tag, large_ops, concurrency).await;
             let floor_events: Arc<Vec<TaskEvent>> = Arc::new(
                 (0..large_ops).map(|i| large_event(&format!("fl-{tag}-{i}"), &format!("fl-{tag}-{i}"), 5, 64)).collect(),

@@ -268,11 +268,7 @@ pub async fn run_with(
                     result,
                     ..
                 } => {
-                    let name = serde_json::to_value(result)
-                        .ok()
-                        .and_then(|v| v.as_str().map(str::to_owned))
-                        .unwrap_or_default();
-                    acks.ack(&name);
+                    acks.ack(result.as_str());
                     tracing::info!(delivery_id = %delivery_id, result = ?result, "ack answered")
                 }
                 ConsumerEvent::Connected => tracing::info!("stream connected"),

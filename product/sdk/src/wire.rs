@@ -197,6 +197,18 @@ pub enum AckResult {
     Refused,
 }
 
+impl AckResult {
+    /// The name on the wire, which metrics and log lines use too: `acked`, `already_acked`,
+    /// `refused`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AckResult::Acked => "acked",
+            AckResult::AlreadyAcked => "already_acked",
+            AckResult::Refused => "refused",
+        }
+    }
+}
+
 /// Every field any server message has, for reading; `type` says which are present.
 #[derive(Deserialize)]
 struct ServerMessageFields {
@@ -246,6 +258,20 @@ impl ServerMessage {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn an_ack_result_is_named_as_on_the_wire() {
+        for r in [
+            AckResult::Acked,
+            AckResult::AlreadyAcked,
+            AckResult::Refused,
+        ] {
+            assert_eq!(
+                serde_json::to_value(r).unwrap(),
+                serde_json::Value::from(r.as_str())
+            );
+        }
+    }
+
     use super::*;
 
     #[test]

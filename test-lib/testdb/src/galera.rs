@@ -175,7 +175,10 @@ impl Node {
 
     /// SIGKILL and reap; returns whether the node was running.
     pub(crate) fn kill(&self) -> bool {
-        self.child.kill()
+        self.child
+            .kill()
+            .inspect(|pid| crate::cleanup::unregister_pid(*pid))
+            .is_some()
     }
 
     /// Sends `sig` to the running node; returns whether there was one.
@@ -190,7 +193,7 @@ impl Node {
         self.child.exited()
     }
 
-    fn admin_url(&self) -> String {
+    fn admin_url(&self) -> secret::Secret {
         provision::url("root", "", &format!("127.0.0.1:{}", self.ports.sql), None)
     }
 
@@ -199,7 +202,7 @@ impl Node {
         let url = self.admin_url();
         let query = format!("SHOW GLOBAL STATUS LIKE '{variable}'");
         provision::block_on(async move {
-            let mut conn = MySqlConnection::connect(&url)
+            let mut conn = MySqlConnection::connect(url.expose())
                 .await
                 .map_err(Error::sql("cannot connect to the node"))?;
             let row = sqlx::query(&query)
@@ -222,7 +225,7 @@ impl Node {
         let url = self.admin_url();
         let statement = statement.to_owned();
         provision::block_on(async move {
-            let mut conn = MySqlConnection::connect(&url)
+            let mut conn = MySqlConnection::connect(url.expose())
                 .await
                 .map_err(Error::sql("cannot connect to the node"))?;
             conn.execute(statement.as_str())

@@ -133,7 +133,7 @@ pub struct Server {
     host: String,
     port: u16,
     admin_user: String,
-    admin_password: String,
+    admin_password: secret::Secret,
     description: String,
     backend: Backend,
 }
@@ -194,7 +194,7 @@ impl Server {
             host: "127.0.0.1".into(),
             port,
             admin_user: "root".into(),
-            admin_password: String::new(),
+            admin_password: secret::Secret::new(""),
             description,
             backend,
         }
@@ -234,7 +234,7 @@ impl Server {
             host: host.to_owned(),
             port,
             admin_user: user.to_owned(),
-            admin_password: password.to_owned(),
+            admin_password: secret::Secret::new(password),
             description: format!("existing server at {host}:{port}"),
             backend: Backend::Existing,
         };
@@ -293,10 +293,10 @@ impl Server {
     }
 
     /// An admin URL (no database); it carries a password only for an existing server.
-    pub fn admin_url(&self) -> String {
+    pub fn admin_url(&self) -> secret::Secret {
         provision::url(
             &self.admin_user,
-            &self.admin_password,
+            self.admin_password.expose(),
             &self.address(),
             None,
         )

@@ -334,7 +334,10 @@ impl LocalServer {
 
     /// SIGKILL and reap; returns whether the server was still running.
     pub(crate) fn kill(&self) -> bool {
-        self.child.kill()
+        self.child
+            .kill()
+            .inspect(|pid| unregister_pid(*pid))
+            .is_some()
     }
 }
 

@@ -130,16 +130,12 @@ impl Running {
             .and_then(|c| c.try_wait().ok().flatten())
     }
 
-    /// SIGKILL and reap; returns whether it was running.
-    pub(crate) fn kill(&self) -> bool {
-        match self.lock().take() {
-            Some(mut child) => {
-                let _ = child.kill();
-                let _ = child.wait();
-                crate::cleanup::unregister_pid(child.id());
-                true
-            }
-            None => false,
-        }
+    /// SIGKILL and reap; returns the pid it ended, if it was running. The caller takes it off
+    /// the exit registry (`cleanup`): this module sits below that one and never calls up.
+    pub(crate) fn kill(&self) -> Option<u32> {
+        let mut child = self.lock().take()?;
+        let _ = child.kill();
+        let _ = child.wait();
+        Some(child.id())
     }
 }

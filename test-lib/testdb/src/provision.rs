@@ -1,5 +1,6 @@
 //! Per-test databases and accounts on a [`Server`], removed when the test is done.
 
+use secret::Secret;
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -43,8 +44,8 @@ fn encode(s: &str) -> String {
     percent_encoding::utf8_percent_encode(s, COMPONENT).to_string()
 }
 
-/// `mysql://user[:password]@address[/database]`.
-pub(crate) fn url(user: &str, password: &str, address: &str, database: Option<&str>) -> String {
+/// `mysql://user[:password]@address[/database]`, a [`Secret`] because of the password.
+pub(crate) fn url(user: &str, password: &str, address: &str, database: Option<&str>) -> Secret {
     let mut u = format!("mysql://{}", encode(user));
     if !password.is_empty() {
         u.push(':');
@@ -56,7 +57,7 @@ pub(crate) fn url(user: &str, password: &str, address: &str, database: Option<&s
         u.push('/');
         u.push_str(&encode(db));
     }
-    u
+    Secret::new(u)
 }
 
 async fn connect(url: &str) -> Result<MySqlConnection, Error> {
@@ -65,8 +66,8 @@ async fn connect(url: &str) -> Result<MySqlConnection, Error> {
         .map_err(Error::sql("cannot connect as admin"))
 }
 
-pub(crate) async fn select_version(url: String) -> Result<String, Error> {
-    let mut conn = connect(&url).await?;
+pub(crate) async fn select_version(url: Secret) -> Result<String, Error> {
+    let mut conn = connect(url.expose()).await?;
     let version: String = sqlx::query("SELECT VERSION()")
         .fetch_one(&mut conn)
         .await
@@ -105,7 +106,7 @@ pub struct Account {
 #[derive(Debug)]
 pub struct Provisioned {
     address: String,
-    admin_url: String,
+    admin_url: Secret,
     /// The platform's database (`orbit_test_<pid>_<n>`).
     pub platform_db: String,
     /// The receiver's database (`orbit_receiver_test_<pid>_<n>`).
@@ -141,7 +142,7 @@ impl Server {
             runtime: account("run"),
             platform: account("plat"),
         };
-        let mut conn = connect(&p.admin_url).await?;
+        let mut conn = connect(p.admin_url.expose()).await?;
         let mut stmts = vec![
             format!("CREATE DATABASE `{}` CHARACTER SET utf8mb4", p.platform_db),
             format!("CREATE DATABASE `{}` CHARACTER SET utf8mb4", p.receiver_db),
@@ -195,7 +196,7 @@ impl Provisioned {
 
     /// Runs the runtime step of `schema/grants.sql` (after the tables exist).
     pub async fn grant_runtime(&self) -> Result<(), Error> {
-        let mut conn = connect(&self.admin_url).await?;
+        let mut conn = connect(self.admin_url.expose()).await?;
         for stmt in self.grants(true) {
             conn.execute(stmt.as_str())
                 .await
@@ -205,7 +206,7 @@ impl Provisioned {
         Ok(())
     }
 
-    fn receiver_url_for(&self, a: &Account) -> String {
+    fn receiver_url_for(&self, a: &Account) -> Secret {
         url(
             &a.user,
             a.password.expose(),
@@ -215,17 +216,17 @@ impl Provisioned {
     }
 
     /// The init account's URL on the receiver database.
-    pub fn init_url(&self) -> String {
+    pub fn init_url(&self) -> Secret {
         self.receiver_url_for(&self.init)
     }
 
     /// The runtime account's URL on the receiver database.
-    pub fn runtime_url(&self) -> String {
+    pub fn runtime_url(&self) -> Secret {
         self.receiver_url_for(&self.runtime)
     }
 
     /// The platform account's URL on the platform database.
-    pub fn platform_url(&self) -> String {
+    pub fn platform_url(&self) -> Secret {
         url(
             &self.platform.user,
             self.platform.password.expose(),
@@ -235,7 +236,7 @@ impl Provisioned {
     }
 
     /// The runtime account's URL on the platform database (which it must not be able to use).
-    pub fn runtime_url_on_platform_db(&self) -> String {
+    pub fn runtime_url_on_platform_db(&self) -> Secret {
         url(
             &self.runtime.user,
             self.runtime.password.expose(),
@@ -245,16 +246,13 @@ impl Provisioned {
     }
 
     /// The admin URL on the receiver database, for tests that inspect or interfere.
-    pub fn admin_receiver_url(&self) -> String {
-        let mut u = self.admin_url.clone();
-        u.push('/');
-        u.push_str(&self.receiver_db);
-        u
+    pub fn admin_receiver_url(&self) -> Secret {
+        Secret::new(format!("{}/{}", self.admin_url.expose(), self.receiver_db))
     }
 
     /// [`Provisioned::runtime_url`] on another node of the same cluster, where the same
     /// databases and accounts exist.
-    pub fn runtime_url_on(&self, node: &Server) -> String {
+    pub fn runtime_url_on(&self, node: &Server) -> Secret {
         url(
             &self.runtime.user,
             self.runtime.password.expose(),
@@ -264,11 +262,12 @@ impl Provisioned {
     }
 
     /// [`Provisioned::admin_receiver_url`] on another node of the same cluster.
-    pub fn admin_receiver_url_on(&self, node: &Server) -> String {
-        let mut u = node.admin_url();
-        u.push('/');
-        u.push_str(&self.receiver_db);
-        u
+    pub fn admin_receiver_url_on(&self, node: &Server) -> Secret {
+        Secret::new(format!(
+            "{}/{}",
+            node.admin_url().expose(),
+            self.receiver_db
+        ))
     }
 
     /// `host:port`.
@@ -276,8 +275,8 @@ impl Provisioned {
         &self.address
     }
 
-    async fn drop_all(admin_url: String, dbs: [String; 2], users: [String; 3]) {
-        let Ok(mut conn) = connect(&admin_url).await else {
+    async fn drop_all(admin_url: Secret, dbs: [String; 2], users: [String; 3]) {
+        let Ok(mut conn) = connect(admin_url.expose()).await else {
             return;
         };
         for db in dbs {
@@ -314,7 +313,7 @@ pub(crate) async fn sweep_leftovers(server: &Server) -> Result<(), Error> {
     if !matches!(server.host.as_str(), "127.0.0.1" | "localhost" | "::1") {
         return Ok(());
     }
-    let mut conn = connect(&server.admin_url()).await?;
+    let mut conn = connect(server.admin_url().expose()).await?;
     let dead = |name: &str| -> bool {
         let pid = name
             .trim_start_matches("orbit_receiver_test_")

@@ -151,7 +151,7 @@ async fn drain(tasks: usize) {
         .sum();
 
     // The same deliveries straight through Store, same concurrency, another consumer name.
-    let mut admin = MySqlConnection::connect(&orbit.db.admin_receiver_url())
+    let mut admin = MySqlConnection::connect(orbit.db.admin_receiver_url().expose())
         .await
         .unwrap();
     let canonical: Vec<Vec<u8>> =
@@ -171,7 +171,7 @@ async fn drain(tasks: usize) {
     events.extend(extra);
     events.truncate(deliveries);
     rng.shuffle(&mut events);
-    let dsn = result_inbox::Dsn::parse(&orbit.db.runtime_url()).unwrap();
+    let dsn = result_inbox::Dsn::parse(orbit.db.runtime_url().expose()).unwrap();
     let store = Arc::new(
         Store::connect(
             &dsn,

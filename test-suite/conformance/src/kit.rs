@@ -24,6 +24,7 @@ use commit_proxy::{Action, RuleSpec};
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 use result_inbox::Digest;
+use secret::Secret;
 use serde_json::value::RawValue;
 use sqlx::{Connection, MySqlConnection};
 use testdb::{Provisioned, Server};
@@ -213,7 +214,7 @@ struct World {
     client: orbit_sdk::Client,
     sub: String,
     /// Where consume connects: the database, or a proxy in front of it.
-    dsn: String,
+    dsn: Secret,
     dir: PathBuf,
     runs: usize,
     /// Every output of the receiver in this world, for the secrets check.
@@ -295,14 +296,14 @@ impl World {
         &self.own.as_ref().expect("a server of the case's own").1
     }
 
-    fn env(&self, dsn: &str) -> Vec<(&'static str, String)> {
+    fn env(&self, dsn: &Secret) -> Vec<(&'static str, String)> {
         vec![
             ("ORBIT_URL", self.orbit.url.clone()),
             (
                 "ORBIT_CREDENTIALS_FILE",
                 self.orbit.credentials_file.display().to_string(),
             ),
-            ("ORBIT_RECEIVER_DSN", dsn.to_owned()),
+            ("ORBIT_RECEIVER_DSN", dsn.expose().to_owned()),
             ("ORBIT_SUBSCRIPTION_ID", self.sub.clone()),
             ("RECEIVER_NAME", RECEIVER_NAME.to_owned()),
         ]
@@ -338,10 +339,12 @@ impl World {
         let proxy = commit_proxy::Proxy::start("127.0.0.1:0", self.db().address())
             .await
             .expect("the proxy starts");
-        self.dsn = self
-            .db()
-            .runtime_url()
-            .replace(self.db().address(), &proxy.local_addr().to_string());
+        self.dsn = Secret::new(
+            self.db()
+                .runtime_url()
+                .expose()
+                .replace(self.db().address(), &proxy.local_addr().to_string()),
+        );
         proxy
     }
 
@@ -386,13 +389,13 @@ impl World {
     }
 
     async fn admin(&self) -> MySqlConnection {
-        MySqlConnection::connect(&self.db().admin_receiver_url())
+        MySqlConnection::connect(self.db().admin_receiver_url().expose())
             .await
             .expect("an admin connection to the receiver's database")
     }
 
     async fn platform(&self) -> MySqlConnection {
-        MySqlConnection::connect(&self.orbit.db.platform_url())
+        MySqlConnection::connect(self.orbit.db.platform_url().expose())
             .await
             .expect("a connection to the platform's database")
     }
@@ -616,13 +619,13 @@ fn difference(stored: &[u8], expected: &[u8]) -> String {
 fn last_lines(w: &World, out: &str) -> String {
     let lines: Vec<&str> = out.lines().rev().take(3).collect();
     let mut text = lines.into_iter().rev().collect::<Vec<_>>().join(" | ");
-    for secret in [
+    for hidden in [
         w.orbit.credentials().token.expose().to_owned(),
         w.db().runtime.password.expose().to_owned(),
         w.db().init.password.expose().to_owned(),
     ] {
-        if !secret.is_empty() {
-            text = text.replace(&secret, "***");
+        if !hidden.is_empty() {
+            text = text.replace(&hidden, secret::MASK);
         }
     }
     if text.is_empty() {

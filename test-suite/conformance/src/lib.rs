@@ -28,7 +28,7 @@ impl ReceiverDb {
     /// Provisions fresh databases and accounts and initialises the receiver schema.
     pub async fn new() -> ReceiverDb {
         let db = Self::provisioned().await;
-        let dsn = Dsn::parse(&db.init_url()).expect("testdb makes valid URLs");
+        let dsn = Dsn::parse(db.init_url().expose()).expect("testdb makes valid URLs");
         let report = result_inbox::schema::init(&dsn)
             .await
             .unwrap_or_else(|e| panic!("receiver init failed: {e}"));
@@ -48,7 +48,7 @@ impl ReceiverDb {
 
     /// The runtime account's DSN.
     pub fn runtime_dsn(&self) -> Dsn {
-        Dsn::parse(&self.db.runtime_url()).expect("testdb makes valid URLs")
+        Dsn::parse(self.db.runtime_url().expose()).expect("testdb makes valid URLs")
     }
 
     /// A store for `consumer` and `queue`, connected as the runtime account.
@@ -72,6 +72,7 @@ impl ReceiverDb {
         let url = self
             .db
             .runtime_url()
+            .expose()
             .replace(self.db.address(), &via.to_string());
         Dsn::parse(&url).expect("testdb makes valid URLs")
     }
@@ -134,7 +135,7 @@ impl ReceiverDb {
 
     /// An admin connection on the receiver database, for inspecting and interfering.
     pub async fn admin(&self) -> MySqlConnection {
-        MySqlConnection::connect(&self.db.admin_receiver_url())
+        MySqlConnection::connect(self.db.admin_receiver_url().expose())
             .await
             .expect("admin connects")
     }
@@ -437,7 +438,7 @@ impl OrbitDev {
             .expect("a scratch directory")
             .join(format!("orbit-dev-{}", db.platform_db));
         let credentials_file = dir.join("inbox.credentials.json");
-        bootstrap(&db.platform_url(), QUEUE, true, &credentials_file)
+        bootstrap(db.platform_url().expose(), QUEUE, true, &credentials_file)
             .unwrap_or_else(|e| panic!("{e}"));
         let mut me = OrbitDev {
             child: None,
@@ -457,7 +458,7 @@ impl OrbitDev {
         cmd.arg("serve")
             .args(["--listen", &self.addr])
             .args(&self.args)
-            .env("ORBIT_MYSQL_DSN", self.db.platform_url())
+            .env("ORBIT_MYSQL_DSN", self.db.platform_url().expose())
             .stdout(std::process::Stdio::piped())
             .stderr(self.log_file());
         let mut child = testdb::spawn_tied(cmd).expect("orbit-dev starts");
@@ -519,7 +520,7 @@ impl OrbitDev {
 
     /// Creates the receiver's tables (as the init account) and grants the runtime account.
     pub async fn init_receiver(&self) {
-        let dsn = Dsn::parse(&self.db.init_url()).expect("testdb makes valid URLs");
+        let dsn = Dsn::parse(self.db.init_url().expose()).expect("testdb makes valid URLs");
         result_inbox::schema::init(&dsn)
             .await
             .unwrap_or_else(|e| panic!("receiver init failed: {e}"));
@@ -534,7 +535,10 @@ impl OrbitDev {
                 "ORBIT_CREDENTIALS_FILE",
                 self.credentials_file.display().to_string(),
             ),
-            ("ORBIT_RECEIVER_DSN", self.db.runtime_url()),
+            (
+                "ORBIT_RECEIVER_DSN",
+                self.db.runtime_url().expose().to_owned(),
+            ),
         ]
     }
 
@@ -543,7 +547,7 @@ impl OrbitDev {
         let file = self
             .credentials_file
             .with_file_name(format!("{queue}-{event_access}.json"));
-        bootstrap(&self.db.platform_url(), queue, event_access, &file)
+        bootstrap(self.db.platform_url().expose(), queue, event_access, &file)
             .unwrap_or_else(|e| panic!("{e}"));
         file
     }
@@ -571,7 +575,7 @@ impl OrbitDev {
 
     /// The receiver's view of `task` (any consumer name): version, state, applied_events.
     pub async fn view(&self, task: &str) -> Option<(u64, String, u64)> {
-        let mut admin = MySqlConnection::connect(&self.db.admin_receiver_url())
+        let mut admin = MySqlConnection::connect(self.db.admin_receiver_url().expose())
             .await
             .expect("admin connects");
         let row = sqlx::query(
@@ -593,7 +597,7 @@ impl OrbitDev {
 
     /// How many inbox rows hold `event_id`.
     pub async fn inbox_rows(&self, event_id: &str) -> i64 {
-        let mut admin = MySqlConnection::connect(&self.db.admin_receiver_url())
+        let mut admin = MySqlConnection::connect(self.db.admin_receiver_url().expose())
             .await
             .expect("admin connects");
         sqlx::query_scalar("SELECT COUNT(*) FROM receiver_inbox WHERE event_id = ?")
@@ -666,7 +670,7 @@ impl OwnServerReceiver {
     pub async fn start(args: &[&str], types: &[&str]) -> OwnServerReceiver {
         let server = Server::local().expect("a local server");
         let receiver_db = server.provision().await.expect("provisioned");
-        let init = Dsn::parse(&receiver_db.init_url()).expect("testdb makes valid URLs");
+        let init = Dsn::parse(receiver_db.init_url().expose()).expect("testdb makes valid URLs");
         result_inbox::schema::init(&init)
             .await
             .expect("receiver tables created");
@@ -685,7 +689,10 @@ impl OwnServerReceiver {
             .into_iter()
             .filter(|(k, _)| *k != "ORBIT_RECEIVER_DSN")
             .collect();
-        env.push(("ORBIT_RECEIVER_DSN", receiver_db.runtime_url()));
+        env.push((
+            "ORBIT_RECEIVER_DSN",
+            receiver_db.runtime_url().expose().to_owned(),
+        ));
         env.push(("ORBIT_SUBSCRIPTION_ID", sub.id.clone()));
         OwnServerReceiver {
             orbit,

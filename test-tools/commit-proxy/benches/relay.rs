@@ -58,7 +58,7 @@ fn setup() -> Setup {
         .strip_prefix("listening=")
         .expect("listening=ADDR")
         .to_owned();
-    let direct = server.admin_url();
+    let direct = server.admin_url().expose().to_owned();
     let proxied = direct.replace(&server.address(), &listen);
     let (forwarder, forward_addr) = tcp_forwarder(server.address());
     let forwarded = direct.replace(&server.address(), &forward_addr);

@@ -61,12 +61,13 @@ fn run(local: &Path) -> Result<(), String> {
     let credentials = local.join("inbox.credentials.json");
     // A previous run's file names a platform that is gone with its throwaway server.
     let _ = std::fs::remove_file(&credentials);
-    let printed = conformance::bootstrap(&db.platform_url(), "inbox-demo", true, &credentials)?;
+    let printed =
+        conformance::bootstrap(db.platform_url().expose(), "inbox-demo", true, &credentials)?;
     eprint!("make demo: {printed}");
 
     let mut serve = Command::new(workspace_bin("orbit-dev"))
         .args(["serve", "--listen", "127.0.0.1:0"])
-        .env("ORBIT_MYSQL_DSN", db.platform_url())
+        .env("ORBIT_MYSQL_DSN", db.platform_url().expose())
         .stdout(Stdio::piped())
         .stderr(log_file(local, "orbit-dev.log")?)
         .spawn()
@@ -86,7 +87,7 @@ fn run(local: &Path) -> Result<(), String> {
 
     let init = Command::new(workspace_bin("receiver"))
         .arg("init")
-        .env("ORBIT_RECEIVER_DSN", db.init_url())
+        .env("ORBIT_RECEIVER_DSN", db.init_url().expose())
         .stderr(Stdio::inherit())
         .output()
         .map_err(|e| format!("receiver init: {e}"))?;
@@ -102,7 +103,7 @@ fn run(local: &Path) -> Result<(), String> {
         .arg("demo")
         .env("ORBIT_URL", format!("http://{addr}"))
         .env("ORBIT_CREDENTIALS_FILE", &credentials)
-        .env("ORBIT_RECEIVER_DSN", db.runtime_url())
+        .env("ORBIT_RECEIVER_DSN", db.runtime_url().expose())
         .stderr(log_file(local, "receiver-demo.log")?)
         .output()
         .map_err(|e| format!("receiver demo: {e}"))?;

@@ -34,7 +34,7 @@ fn text(bytes: &[u8]) -> String {
 #[tokio::test]
 async fn init_creates_the_schema_once_and_refuses_a_second_time() {
     let db = ReceiverDb::provisioned().await;
-    let url = db.init_url();
+    let url = db.init_url().expose().to_owned();
 
     let first = receiver(&["init"], &[("ORBIT_RECEIVER_DSN", &url)]);
     assert_eq!(text(&first.stderr), "");
@@ -111,6 +111,7 @@ async fn an_unknown_database_gets_a_clear_error() {
     let db = ReceiverDb::provisioned().await;
     let url = db
         .init_url()
+        .expose()
         .replace(&db.receiver_db, "no_such_receiver_db");
     let out = receiver(&["init"], &[("ORBIT_RECEIVER_DSN", &url)]);
     assert_eq!(out.status.code(), Some(1));
@@ -128,6 +129,7 @@ async fn a_wrong_password_is_named_without_echoing_it() {
     let db = ReceiverDb::provisioned().await;
     let url = db
         .init_url()
+        .expose()
         .replace(db.init.password.expose(), "not-the-password-x9");
     let out = receiver(&["init"], &[("ORBIT_RECEIVER_DSN", &url)]);
     assert_eq!(out.status.code(), Some(1));
@@ -391,7 +393,7 @@ fn every_configuration_error_is_one_line_naming_the_variable() {
 #[tokio::test]
 async fn the_init_line() {
     let db = ReceiverDb::provisioned().await;
-    let out = receiver(&["init"], &[("ORBIT_RECEIVER_DSN", &db.init_url())]);
+    let out = receiver(&["init"], &[("ORBIT_RECEIVER_DSN", db.init_url().expose())]);
     insta::assert_snapshot!(text(&out.stdout));
 }
 

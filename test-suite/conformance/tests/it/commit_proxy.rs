@@ -14,6 +14,7 @@ use sqlx::{Connection, Executor, MySqlConnection, Row};
 fn admin_url_via(rdb: &ReceiverDb, proxy: &Proxy) -> String {
     rdb.db
         .admin_receiver_url()
+        .expose()
         .replace(rdb.db.address(), &proxy.local_addr().to_string())
 }
 

@@ -44,9 +44,13 @@ fn redacted(stdout: &str) -> (String, String) {
 
 async fn platform_admin(orbit: &OrbitDev) -> MySqlConnection {
     let server = testdb::Server::shared().unwrap();
-    MySqlConnection::connect(&format!("{}/{}", server.admin_url(), orbit.db.platform_db))
-        .await
-        .unwrap()
+    MySqlConnection::connect(&format!(
+        "{}/{}",
+        server.admin_url().expose(),
+        orbit.db.platform_db
+    ))
+    .await
+    .unwrap()
 }
 
 /// Every secret the platform knows for its proofs: hashes of current and acked proofs.
@@ -229,7 +233,10 @@ fn the_demo_with_the_platform_down_fails_clearly_within_twenty_seconds() {
         &[
             ("ORBIT_URL", format!("http://127.0.0.1:{port}")),
             ("ORBIT_CREDENTIALS_FILE", creds.display().to_string()),
-            ("ORBIT_RECEIVER_DSN", rdb.db.runtime_url()),
+            (
+                "ORBIT_RECEIVER_DSN",
+                rdb.db.runtime_url().expose().to_owned(),
+            ),
         ],
     ));
     assert!(started.elapsed() < Duration::from_secs(20));
@@ -385,7 +392,7 @@ async fn consume_stops_within_ten_seconds_while_a_handler_waits_on_a_row_lock() 
 
     // Another connection holds the task's view row, uncommitted: the apply must wait.
     let task = client.submit_task(QUEUE, None).await.unwrap();
-    let mut blocker = MySqlConnection::connect(&orbit.db.admin_receiver_url())
+    let mut blocker = MySqlConnection::connect(orbit.db.admin_receiver_url().expose())
         .await
         .unwrap();
     blocker.execute("BEGIN").await.unwrap();
@@ -405,7 +412,7 @@ async fn consume_stops_within_ten_seconds_while_a_handler_waits_on_a_row_lock() 
     let mut consume = spawn(piped(receiver(&["consume"], &env)));
     // Wait until the handler sits in the view lock.
     let db = orbit.db.receiver_db.clone();
-    let admin = sqlx::MySqlPool::connect(&orbit.db.admin_receiver_url())
+    let admin = sqlx::MySqlPool::connect(orbit.db.admin_receiver_url().expose())
         .await
         .unwrap();
     eventually(Duration::from_secs(10), "the handler to reach the row lock", || {
@@ -498,7 +505,7 @@ async fn consume_stops_within_ten_seconds_while_a_handler_waits_on_a_row_lock() 
 }
 
 async fn orbit_view(orbit: &OrbitDev, task: &str) -> (String, u64) {
-    let mut admin = MySqlConnection::connect(&orbit.db.admin_receiver_url())
+    let mut admin = MySqlConnection::connect(orbit.db.admin_receiver_url().expose())
         .await
         .unwrap();
     let row =

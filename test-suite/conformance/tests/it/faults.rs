@@ -363,7 +363,7 @@ async fn a_poison_event_expires_in_the_window_and_is_applied_once_after_the_fix_
     )
     .await;
     let poison = client.submit_task(QUEUE, None).await.unwrap().id;
-    let mut admin = MySqlConnection::connect(&orbit.db.admin_receiver_url())
+    let mut admin = MySqlConnection::connect(orbit.db.admin_receiver_url().expose())
         .await
         .unwrap();
     admin
@@ -544,7 +544,7 @@ async fn database_loss_acks_nothing_and_every_event_is_applied_once_when_it_is_b
     all_acked(client, &sub.id, Some(3), Duration::from_secs(40)).await;
     let output = consumer.stop().await;
 
-    let mut admin = MySqlConnection::connect(&receiver_db.admin_receiver_url())
+    let mut admin = MySqlConnection::connect(receiver_db.admin_receiver_url().expose())
         .await
         .unwrap();
     for task in lost.iter().chain([&before]) {
@@ -574,7 +574,7 @@ async fn database_loss_acks_nothing_and_every_event_is_applied_once_when_it_is_b
         !output.contains(password.expose()),
         "a password was printed"
     );
-    assert!(!output.contains(&dsn), "the DSN was printed");
+    assert!(!output.contains(dsn.expose()), "the DSN was printed");
 }
 
 /// The crash loop's generator: fastrand, seeded, so that a failing schedule replays from its
@@ -842,7 +842,7 @@ async fn check_consistency(
     tasks: &[String],
     seed: u64,
 ) -> usize {
-    let mut admin = MySqlConnection::connect(&orbit.db.admin_receiver_url())
+    let mut admin = MySqlConnection::connect(orbit.db.admin_receiver_url().expose())
         .await
         .unwrap();
     let ledger =

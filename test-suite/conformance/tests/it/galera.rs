@@ -81,7 +81,7 @@ impl OnCluster {
             node.wait_synced().expect("every node Synced before a test");
         }
         let db = cluster.node(0).provision().await.expect("provisioned");
-        let init = Dsn::parse(&db.init_url()).unwrap();
+        let init = Dsn::parse(db.init_url().expose()).unwrap();
         result_inbox::schema::init(&init)
             .await
             .expect("receiver tables created");
@@ -121,7 +121,7 @@ impl OnCluster {
     /// A store connected to node `i` as the runtime account.
     async fn store(&self, i: usize) -> Result<Store, result_inbox::StorageError> {
         Store::connect(
-            &Dsn::parse(&self.db.runtime_url_on(self.node(i))).unwrap(),
+            &Dsn::parse(self.db.runtime_url_on(self.node(i)).expose()).unwrap(),
             ConsumerName::default(),
             QueueId::new(QUEUE).unwrap(),
             StoreOptions {
@@ -135,7 +135,7 @@ impl OnCluster {
     /// An admin connection on the receiver database on node `i` whose reads wait until the
     /// node has applied everything committed anywhere before them.
     async fn admin(&self, i: usize) -> MySqlConnection {
-        let mut c = MySqlConnection::connect(&self.db.admin_receiver_url_on(self.node(i)))
+        let mut c = MySqlConnection::connect(self.db.admin_receiver_url_on(self.node(i)).expose())
             .await
             .expect("admin connects");
         c.execute("SET SESSION wsrep_sync_wait = 1").await.unwrap();
@@ -601,7 +601,10 @@ fn consume_env(
         .into_iter()
         .filter(|(k, _)| *k != "ORBIT_RECEIVER_DSN")
         .collect();
-    env.push(("ORBIT_RECEIVER_DSN", c.db.runtime_url_on(c.node(i))));
+    env.push((
+        "ORBIT_RECEIVER_DSN",
+        c.db.runtime_url_on(c.node(i)).expose().to_owned(),
+    ));
     env.push(("ORBIT_SUBSCRIPTION_ID", sub.to_owned()));
     env.push(("RECEIVER_APPLY_TIMEOUT", format!("{}s", BUDGET.as_secs())));
     env
@@ -688,7 +691,7 @@ async fn two_consumers_on_two_nodes_through_a_node_kill_and_an_isolation_lose_an
         "the kill, the isolation and two consumers on one stream made no apply retry: nothing was tested"
     );
 
-    let mut admin = MySqlConnection::connect(&receiver_db.admin_receiver_url_on(c.node(0)))
+    let mut admin = MySqlConnection::connect(receiver_db.admin_receiver_url_on(c.node(0)).expose())
         .await
         .unwrap();
     admin

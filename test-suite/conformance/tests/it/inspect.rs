@@ -112,7 +112,10 @@ async fn digest_agrees_with_what_the_store_wrote_and_inspect_tells_each_case() {
     let rdb = ReceiverDb::new().await;
     let store = rdb.store().await;
     let env = vec![
-        ("ORBIT_RECEIVER_DSN", rdb.db.runtime_url()),
+        (
+            "ORBIT_RECEIVER_DSN",
+            rdb.db.runtime_url().expose().to_owned(),
+        ),
         ("ORBIT_QUEUE_ID", QUEUE.to_owned()),
     ];
 
@@ -222,7 +225,10 @@ async fn digest_agrees_with_what_the_store_wrote_and_inspect_tells_each_case() {
 
     let out = receiver(
         &["retention"],
-        &[("ORBIT_RECEIVER_DSN", rdb.db.runtime_url())],
+        &[(
+            "ORBIT_RECEIVER_DSN",
+            rdb.db.runtime_url().expose().to_owned(),
+        )],
         None,
     );
     assert!(out.status.success(), "{}", text(&out.stderr));
@@ -323,7 +329,10 @@ async fn inspect_by_task_lists_only_that_task_s_own_events() {
     let rdb = ReceiverDb::new().await;
     let store = rdb.store().await;
     let env = vec![
-        ("ORBIT_RECEIVER_DSN", rdb.db.runtime_url()),
+        (
+            "ORBIT_RECEIVER_DSN",
+            rdb.db.runtime_url().expose().to_owned(),
+        ),
         ("ORBIT_QUEUE_ID", QUEUE.to_owned()),
     ];
     let own = EventSpec::cancelled("evt-own", "task-b", 2);

@@ -125,7 +125,7 @@ async fn consume_counts_every_outcome_and_reports_the_database_and_readiness() {
     orbit.fault(json!({"fault": "duplicate-event", "event_id": delivered[0].event_id}));
     // A view already at version 99 makes this task's cancellation (version 2) stale.
     let stale = client.submit_task(QUEUE, None).await.unwrap();
-    let mut admin = MySqlConnection::connect(&receiver_db.admin_receiver_url())
+    let mut admin = MySqlConnection::connect(receiver_db.admin_receiver_url().expose())
         .await
         .unwrap();
     sqlx::query(

@@ -103,7 +103,7 @@ async fn run(outage: Outage) {
     );
 
     // Nothing lost, nothing doubled.
-    let mut admin = MySqlConnection::connect(&receiver_db.admin_receiver_url())
+    let mut admin = MySqlConnection::connect(receiver_db.admin_receiver_url().expose())
         .await
         .unwrap();
     let rows: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM receiver_inbox")

@@ -300,8 +300,13 @@ async fn limits_scopes_queues_and_tokens() {
 
     // A task-only credential from a second bootstrap (no --event-access).
     let task_only = orbit.credentials_file.with_file_name("tasks.json");
-    let printed =
-        conformance::bootstrap(&orbit.db.platform_url(), "other-queue", false, &task_only).unwrap();
+    let printed = conformance::bootstrap(
+        orbit.db.platform_url().expose(),
+        "other-queue",
+        false,
+        &task_only,
+    )
+    .unwrap();
     assert!(printed.contains("credentials written to"), "{printed}");
     assert!(
         !printed.contains("orb_"),
@@ -310,8 +315,13 @@ async fn limits_scopes_queues_and_tokens() {
     let other = orbit_sdk::Credentials::load(&task_only).unwrap();
     // A second bootstrap to the same file refuses and keeps it (the old token stays valid on
     // the platform, and would be lost); --force replaces it; a missing directory is refused.
-    let again = conformance::bootstrap(&orbit.db.platform_url(), "other-queue", false, &task_only)
-        .unwrap_err();
+    let again = conformance::bootstrap(
+        orbit.db.platform_url().expose(),
+        "other-queue",
+        false,
+        &task_only,
+    )
+    .unwrap_err();
     assert!(again.contains("exists: refusing to overwrite"), "{again}");
     assert_eq!(
         orbit_sdk::Credentials::load(&task_only)
@@ -327,7 +337,7 @@ async fn limits_scopes_queues_and_tokens() {
         .arg("--output")
         .arg(&task_only)
         .arg("--force")
-        .env("ORBIT_MYSQL_DSN", orbit.db.platform_url())
+        .env("ORBIT_MYSQL_DSN", orbit.db.platform_url().expose())
         .output()
         .unwrap();
     assert!(forced.status.success(), "{forced:?}");
@@ -344,7 +354,7 @@ async fn limits_scopes_queues_and_tokens() {
         .args(["bootstrap", "--application", "a", "--namespace", "default"])
         .args(["--environment", "development", "--queue", "q", "--output"])
         .arg(&nowhere)
-        .env("ORBIT_MYSQL_DSN", orbit.db.platform_url())
+        .env("ORBIT_MYSQL_DSN", orbit.db.platform_url().expose())
         .output()
         .unwrap();
     assert_eq!(refused.status.code(), Some(2));
@@ -887,7 +897,7 @@ async fn every_error_at_the_edges_is_the_documented_json() {
             "--output",
         ])
         .arg(&other_file)
-        .env("ORBIT_MYSQL_DSN", orbit.db.platform_url())
+        .env("ORBIT_MYSQL_DSN", orbit.db.platform_url().expose())
         .output()
         .unwrap();
     assert!(

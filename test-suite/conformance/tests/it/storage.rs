@@ -626,7 +626,7 @@ async fn the_runtime_account_cannot_delete_create_or_read_the_platform() {
         .apply(&EventSpec::cancelled("evt-g", "task-g", 1).event())
         .await
         .unwrap();
-    let mut runtime = MySqlConnection::connect(&rdb.db.runtime_url())
+    let mut runtime = MySqlConnection::connect(rdb.db.runtime_url().expose())
         .await
         .unwrap();
     let denied = |r: Result<sqlx::mysql::MySqlQueryResult, sqlx::Error>| -> u16 {
@@ -654,7 +654,7 @@ async fn the_runtime_account_cannot_delete_create_or_read_the_platform() {
         1142 | 1044
     ));
     // Not even a connection with the platform database as default.
-    let e = MySqlConnection::connect(&rdb.db.runtime_url_on_platform_db())
+    let e = MySqlConnection::connect(rdb.db.runtime_url_on_platform_db().expose())
         .await
         .expect_err("the runtime account cannot use the platform database");
     assert!(
@@ -748,7 +748,7 @@ async fn the_embedding_example_writes_its_own_row_in_the_apply_transaction() {
     .map(|j| j.replace('\n', " "))
     .join("\n");
     let mut cmd = conformance::bare_command(&conformance::workspace_example("embed"));
-    cmd.arg(rdb.db.runtime_url())
+    cmd.arg(rdb.db.runtime_url().expose())
         .arg(conformance::QUEUE)
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())

@@ -67,14 +67,9 @@ impl PlatformMetrics {
     }
 
     pub fn ack(&self, result: AckResult) {
-        let result = match result {
-            AckResult::Acked => "acked",
-            AckResult::AlreadyAcked => "already_acked",
-            _ => "refused",
-        };
         self.acks
             .get_or_create(&ResultLabel {
-                result: result.to_owned(),
+                result: result.as_str().to_owned(),
             })
             .inc();
     }
