@@ -56,17 +56,13 @@ impl Dsn {
             .strip_prefix("mysql://")
             .or_else(|| url.strip_prefix("mariadb://"))
             .ok_or(DsnError::Scheme)?;
-        let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-        let authority = &rest[..authority_end];
-        let (userinfo, host) = match authority.rfind('@') {
-            Some(at) => (&authority[..at], &authority[at + 1..]),
-            None => ("", authority),
-        };
-        if host.is_empty() {
-            return Err(DsnError::NoHost);
-        }
-        let user = userinfo.split(':').next().unwrap_or("").to_owned();
-        let after = &rest[authority_end..];
+        let (authority, after) = endpoint::split_authority(rest);
+        let parsed = endpoint::Authority::parse(authority).map_err(|e| match e {
+            endpoint::AuthorityError::NoHost => DsnError::NoHost,
+            endpoint::AuthorityError::BadPort => DsnError::BadPort,
+        })?;
+        let user = parsed.user().unwrap_or("").to_owned();
+        let host = &authority[authority.rfind('@').map_or(0, |at| at + 1)..];
         let path = after
             .strip_prefix('/')
             .map(|p| &p[..p.find(['?', '#']).unwrap_or(p.len())])
@@ -77,22 +73,13 @@ impl Dsn {
         if path.contains('/') || path.chars().any(char::is_control) {
             return Err(DsnError::BadDatabase);
         }
-        let port = if host.starts_with('[') {
-            host.rsplit_once("]:").map(|(_, p)| p)
-        } else {
-            host.split_once(':').map(|(_, p)| p)
-        };
-        if let Some(port) = port {
-            if !port.parse::<u16>().is_ok_and(|p| p > 0) {
-                return Err(DsnError::BadPort);
-            }
-        }
         let query = after
             .split_once('?')
             .map(|(_, q)| q)
             .unwrap_or("")
             .to_owned();
         check_parameters(&query)?;
+        let host_name = parsed.host().trim_start_matches('[').trim_end_matches(']');
         let dsn = Dsn {
             url: Secret::new(url),
             user,
@@ -100,26 +87,10 @@ impl Dsn {
             database: path.to_owned(),
             query,
         };
-        if !dsn.is_loopback() && !dsn.requires_tls() {
-            return Err(DsnError::NoTls(dsn.host_name().to_owned()));
+        if !parsed.is_loopback() && !dsn.requires_tls() {
+            return Err(DsnError::NoTls(host_name.to_owned()));
         }
         Ok(dsn)
-    }
-
-    /// The host without its port.
-    fn host_name(&self) -> &str {
-        if self.host.starts_with('[') {
-            self.host.split(']').next().map(|h| &h[1..]).unwrap_or("")
-        } else {
-            self.host.split(':').next().unwrap_or("")
-        }
-    }
-
-    fn is_loopback(&self) -> bool {
-        let h = self.host_name();
-        h.eq_ignore_ascii_case("localhost")
-            || h.parse::<std::net::IpAddr>()
-                .is_ok_and(|ip| ip.is_loopback())
     }
 
     /// Whether the URL asks for a verified or required TLS connection.

@@ -154,6 +154,29 @@ impl fmt::Display for Rejection {
 
 impl std::error::Error for Rejection {}
 
+/// An event refused by [`TaskEvent::parse`]: why, and its id when the envelope's `id` could
+/// be read as one (so that a log line can name the event without reading it again).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rejected {
+    pub event_id: Option<EventId>,
+    pub rejection: Rejection,
+}
+
+impl Rejected {
+    /// The rejection's stable kind ([`Rejection::kind`]).
+    pub fn kind(&self) -> &'static str {
+        self.rejection.kind()
+    }
+}
+
+impl fmt::Display for Rejected {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.rejection.fmt(f)
+    }
+}
+
+impl std::error::Error for Rejected {}
+
 impl From<CanonError> for Rejection {
     fn from(e: CanonError) -> Self {
         Rejection::Form(e)
@@ -185,10 +208,25 @@ fn string_member<'d>(doc: &'d Document, name: &'static str) -> Result<Cow<'d, st
 
 impl TaskEvent {
     /// Validates `raw` as an event of `queue`: the canonical form (R-CANON-2, R-CANON-3), then
-    /// the fields (R-CANON-1). Nothing else is consulted.
-    pub fn parse(raw: &[u8], queue: &QueueId) -> Result<Self, Rejection> {
-        let doc = Document::parse(raw)?;
+    /// the fields (R-CANON-1). Nothing else is consulted. A refusal names the event's id when
+    /// the envelope's `id` could be read as one.
+    pub fn parse(raw: &[u8], queue: &QueueId) -> Result<Self, Rejected> {
+        let doc = Document::parse(raw).map_err(|e| Rejected {
+            event_id: None,
+            rejection: e.into(),
+        })?;
+        let event_id = match doc.get("id") {
+            Some(Member::String(id)) => EventId::new(id.into_owned()).ok(),
+            _ => None,
+        };
+        Self::validate(doc, queue).map_err(|rejection| Rejected {
+            event_id,
+            rejection,
+        })
+    }
 
+    /// The fields of a canonical-form document, checked (R-CANON-1).
+    fn validate(doc: Document, queue: &QueueId) -> Result<Self, Rejection> {
         let id = EventId::new(string_member(&doc, "id")?.into_owned())
             .map_err(|e| Rejection::InvalidField("id", e.to_string()))?;
         let type_text = string_member(&doc, "type")?;
@@ -334,7 +372,7 @@ mod tests {
     }
 
     fn parse(fields: &str) -> Result<TaskEvent, Rejection> {
-        TaskEvent::parse(event(fields).as_bytes(), &queue())
+        TaskEvent::parse(event(fields).as_bytes(), &queue()).map_err(|r| r.rejection)
     }
 
     #[test]
@@ -481,6 +519,27 @@ mod tests {
             let r = TaskEvent::parse(input.as_bytes(), &queue());
             assert_eq!(r.unwrap_err().kind(), *kind, "{input}");
         }
+    }
+
+    #[test]
+    fn a_refusal_names_the_event_when_its_id_can_be_read() {
+        let unknown = event(r#""type":"task.exploded","state":"CANCELLED","task_version":1"#);
+        let refused = TaskEvent::parse(unknown.as_bytes(), &queue()).unwrap_err();
+        assert_eq!(refused.kind(), "unknown_type");
+        assert_eq!(
+            refused.event_id.as_ref().map(EventId::as_str),
+            Some("evt-1")
+        );
+        // Not JSON: no id to read. An id that is not a valid id: not repeated.
+        let broken = TaskEvent::parse(b"{\"id\":\"evt-1\",", &queue()).unwrap_err();
+        assert_eq!(broken.event_id, None);
+        let bad_id = unknown.replace("evt-1", "evt 1\\u0000");
+        assert_eq!(
+            TaskEvent::parse(bad_id.as_bytes(), &queue())
+                .unwrap_err()
+                .event_id,
+            None
+        );
     }
 
     #[test]

@@ -31,7 +31,7 @@ pub mod store;
 pub use canonical::{canonicalize, Digest};
 pub use dsn::{Dsn, DsnError};
 pub use error::{ApplyError, Conflict, StorageError, StorageKind};
-pub use event::{Rejection, TaskEvent, TaskState};
+pub use event::{Rejected, Rejection, TaskEvent, TaskState};
 pub use identity::{ConsumerName, EventId, QueueId, TaskId};
 pub use store::{
     Applied, BusinessWrite, Outcome, Receipt, Store, StoreOptions, WriteFuture, APPLY_TIMEOUT,

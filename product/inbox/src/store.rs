@@ -482,8 +482,7 @@ impl Store {
         // Time kept back for killing an abandoned statement, so the whole apply ends by `end`.
         let reserve = KILL_TIMEOUT.min(allowed / 4);
         let work_end = end.checked_sub(reserve).unwrap_or(end);
-        let mut rng = fastrand::Rng::new();
-        let mut wait = RETRY_FIRST_WAIT;
+        let mut backoff = backoff::Backoff::new(RETRY_FIRST_WAIT, RETRY_MAX_WAIT);
         let mut retries = 0;
         loop {
             let result = self.attempt(event, write, work_end, allowed).await;
@@ -491,12 +490,11 @@ impl Store {
                 Err(ApplyError::Storage(e)) => e.is_retryable(),
                 _ => false,
             };
-            let pause = wait.mul_f64(0.5 + rng.f64() / 2.0);
+            let pause = backoff.next_wait();
             if !again || Instant::now() + pause >= work_end {
                 return Applied { result, retries };
             }
             tokio::time::sleep(pause).await;
-            wait = (wait * 2).min(RETRY_MAX_WAIT);
             retries += 1;
         }
     }

@@ -184,9 +184,11 @@ fn subscription_id(
     source: &dyn Source,
     errors: &mut Vec<ConfigError>,
     missing: &str,
-) -> Option<String> {
+) -> Option<orbit_sdk::SubscriptionId> {
     let problem = match source.get(ORBIT_SUBSCRIPTION_ID) {
-        Some(s) if s.len() == 32 && s.bytes().all(|b| b.is_ascii_alphanumeric()) => return Some(s),
+        Some(s) if s.len() == 32 && s.bytes().all(|b| b.is_ascii_alphanumeric()) => {
+            return Some(s.into())
+        }
         Some(_) => "must be a 32-character subscription id (letters and digits)",
         None => missing,
     };
@@ -354,7 +356,7 @@ impl DemoConfig {
 #[derive(Debug, Clone)]
 pub struct ConsumeConfig {
     pub run: RunConfig,
-    pub subscription: String,
+    pub subscription: orbit_sdk::SubscriptionId,
     /// Where to serve metrics, if anywhere.
     pub metrics: Option<std::net::SocketAddr>,
     /// The apply budget the user set, if any (otherwise the store's default).
@@ -451,7 +453,7 @@ pub struct InspectConfig {
     pub dsn: Dsn,
     pub name: ConsumerName,
     pub queue: result_inbox::QueueId,
-    pub platform: Option<(PlatformConfig, String)>,
+    pub platform: Option<(PlatformConfig, orbit_sdk::SubscriptionId)>,
 }
 
 impl InspectConfig {

@@ -22,11 +22,10 @@ use std::time::{Duration, Instant};
 use orbit_sdk::{Client, ConsumerEvent, CreditGate, EventConsumer};
 
 use crate::config::ConsumeConfig;
-use crate::delivery::{apply_raw, Handled};
+use crate::delivery::{apply_raw, Handled, NotAcked};
 use crate::metrics::Metrics;
-use crate::outage::{Outage, PROBE_FIRST_WAIT, PROBE_MAX_WAIT};
-use result_inbox::Store;
-use result_inbox::StoreOptions;
+use crate::outage::{wait_for_database, Lines, Outage, PROBE_MAX_WAIT};
+use result_inbox::{StorageError, Store, StoreOptions};
 
 /// Handlers at once.
 pub const CONCURRENCY: usize = 4;
@@ -57,13 +56,13 @@ pub enum ConsumeError {
     Metrics(std::net::SocketAddr, #[source] std::io::Error),
     #[error("subscription {id} consumes queue {actual}, not the configured queue {configured}: refusing to start")]
     WrongQueue {
-        id: String,
+        id: orbit_sdk::SubscriptionId,
         actual: String,
         configured: String,
     },
     #[error("RECEIVER_APPLY_TIMEOUT ({budget_ms} ms) must be below subscription {id}'s lease ({lease_ms} ms) by at least {} ms for the ACK: refusing to start", LEASE_MARGIN.as_millis())]
     BudgetNotBelowLease {
-        id: String,
+        id: orbit_sdk::SubscriptionId,
         budget_ms: u64,
         lease_ms: u64,
     },
@@ -120,36 +119,22 @@ async fn connect_store(
     queue: result_inbox::QueueId,
     options: StoreOptions,
 ) -> Result<Store, ConsumeError> {
-    let started = Instant::now();
-    let mut rng = fastrand::Rng::new();
-    let mut wait = PROBE_FIRST_WAIT;
-    let mut announced = false;
-    loop {
-        let name = config.run.name.clone();
-        match Store::connect(&config.run.dsn, name, queue.clone(), options.clone()).await {
-            Ok(store) => {
-                if announced {
-                    tracing::info!(
-                        "database ready after {} s: starting",
-                        started.elapsed().as_secs()
-                    );
-                }
-                return Ok(store);
-            }
-            Err(e) if e.is_unavailable() => {
-                if !announced {
-                    tracing::warn!(
-                        "database unavailable: waiting for it before taking deliveries ({e}); trying every {} s at most",
-                        PROBE_MAX_WAIT.as_secs()
-                    );
-                    announced = true;
-                }
-            }
-            Err(e) => return Err(ConsumeError::Store(e)),
-        }
-        tokio::time::sleep(wait.mul_f64(0.5 + rng.f64() / 2.0)).await;
-        wait = (wait * 2).min(PROBE_MAX_WAIT);
-    }
+    wait_for_database(
+        || Store::connect(&config.run.dsn, config.run.name.clone(), queue.clone(), options.clone()),
+        StorageError::is_unavailable,
+        || {},
+        Lines {
+            waiting: |e| {
+                format!(
+                    "database unavailable: waiting for it before taking deliveries ({e}); trying every {} s at most",
+                    PROBE_MAX_WAIT.as_secs()
+                )
+            },
+            back: |s| format!("database ready after {s} s: starting"),
+        },
+    )
+    .await
+    .map_err(ConsumeError::Store)
 }
 
 /// How `consume` applies one delivered event, finishing by the deadline, before it decides on
@@ -250,7 +235,7 @@ pub async fn run_with(
                         .await;
                     Ok(())
                 } else {
-                    Err(h.classification.to_string())
+                    Err(NotAcked(h.classification))
                 }
             }
         })
@@ -272,7 +257,8 @@ pub async fn run_with(
                     tracing::info!(delivery_id = %delivery_id, result = ?result, "ack answered")
                 }
                 ConsumerEvent::Connected => tracing::info!("stream connected"),
-                // Handler failures are logged by the handler; newer events are not ours to log.
+                // A failed handler (`NotAcked`) has logged its delivery's line already; newer
+                // events are not ours to log.
                 _ => {}
             }
         }

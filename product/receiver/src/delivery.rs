@@ -67,6 +67,12 @@ impl fmt::Display for Classification {
     }
 }
 
+/// The failure a handler hands the SDK for a delivery it must not ACK: what happened to it.
+/// It comes back, as this type, in the SDK's `HandlerFailed` event.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("not acked: {0}")]
+pub struct NotAcked(pub Classification);
+
 /// One handled delivery: its classification, the event id when it could be read, the
 /// transactions restarted inside the apply, and the redacted reason when it is not ACKed.
 #[derive(Debug, Clone)]
@@ -117,25 +123,13 @@ pub const REDELIVERY_CANNOT_HELP: &str =
 
 /// Validates `raw` for `queue`, or says why not (with the event id when it can be read).
 pub fn parse(raw: &[u8], queue: &QueueId) -> Result<TaskEvent, Handled> {
-    TaskEvent::parse(raw, queue).map_err(|rejection| {
+    TaskEvent::parse(raw, queue).map_err(|refused| {
         Handled::without_apply(
-            Classification::Rejected(rejection.kind()),
-            readable_id(raw),
-            format!("{rejection}; {REDELIVERY_CANNOT_HELP}"),
+            Classification::Rejected(refused.kind()),
+            refused.event_id.map(|id| id.as_str().to_owned()),
+            format!("{}; {REDELIVERY_CANNOT_HELP}", refused.rejection),
         )
     })
-}
-
-/// The envelope's `id` of a refused event, when the event is well-formed JSON with a valid
-/// event id there (so that a log line never carries text an id may not hold).
-fn readable_id(raw: &[u8]) -> Option<String> {
-    let doc = result_inbox::canonical::Document::parse(raw).ok()?;
-    match doc.get("id")? {
-        result_inbox::canonical::Member::String(id) => result_inbox::EventId::new(id.into_owned())
-            .ok()
-            .map(|id| id.as_str().to_owned()),
-        _ => None,
-    }
 }
 
 impl Handled {

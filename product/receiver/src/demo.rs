@@ -14,7 +14,7 @@ use std::time::Duration;
 use orbit_sdk::{AckResult, Client, ConsumerEvent, DeliveryFilter, EventConsumer};
 
 use crate::config::DemoConfig;
-use crate::delivery::{apply, foreign, parse};
+use crate::delivery::{apply, foreign, parse, Classification, NotAcked};
 use result_inbox::StoreOptions;
 use result_inbox::{Outcome, Store, TaskId};
 
@@ -147,7 +147,7 @@ async fn steps(
                             d.attempt,
                             started.elapsed().as_millis() as u64,
                         );
-                        return Err(h.classification.to_string());
+                        return Err(NotAcked(h.classification));
                     }
                 };
                 if event.task() != &own_task {
@@ -156,7 +156,7 @@ async fn steps(
                         d.attempt,
                         started.elapsed().as_millis() as u64,
                     );
-                    return Err("foreign event".to_owned());
+                    return Err(NotAcked(Classification::Foreign));
                 }
                 // The same business transaction twice: the first advances the view, the
                 // second finds the committed inbox record.
@@ -170,7 +170,7 @@ async fn steps(
                     );
                     match outcome {
                         Some(o) => outcomes.push(o),
-                        None => return Err(h.classification.to_string()),
+                        None => return Err(NotAcked(h.classification)),
                     }
                 }
                 let mut s = seen.lock().unwrap_or_else(|p| p.into_inner());

@@ -154,7 +154,7 @@ pub async fn barrier(point: &'static str, key: &str) {
 
 /// The SDK hook that runs the `after_ack_sent` barrier.
 pub fn ack_sent_hook() -> orbit_sdk::consumer::AckSentHook {
-    orbit_sdk::consumer::AckSentHook(std::sync::Arc::new(|delivery_id: String| {
+    orbit_sdk::consumer::AckSentHook(std::sync::Arc::new(|delivery_id: orbit_sdk::DeliveryId| {
         Box::pin(async move { barrier("after_ack_sent", &delivery_id).await })
     }))
 }

@@ -448,7 +448,7 @@ pub async fn inspect(
 
 async fn deliveries(
     p: &crate::config::PlatformConfig,
-    subscription: &str,
+    subscription: &orbit_sdk::SubscriptionId,
     target: &Target,
     inbox: &[InboxRow],
 ) -> Result<Vec<DeliveryRow>, String> {
@@ -476,7 +476,7 @@ async fn deliveries(
             Target::Task(_) => true,
         })
         .map(|d| DeliveryRow {
-            id: d.id,
+            id: d.id.into_string(),
             event_id: d.event_id,
             event_type: d.event_type,
             state: d.state,

@@ -10,12 +10,14 @@
 //! it lasted (`database back after N s`) and credit flows again. A failure the first probe
 //! contradicts (a lock held elsewhere, say) costs a pause of one probe and prints nothing.
 
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use backoff::Backoff;
 use orbit_sdk::CreditGate;
-use result_inbox::Store;
+use result_inbox::{StorageError, Store};
 
 use crate::metrics::Metrics;
 use tokio::time::Instant;
@@ -73,30 +75,69 @@ impl Outage {
 
 impl Inner {
     async fn probe_until_back(&self) {
-        let started = Instant::now();
-        let mut rng = fastrand::Rng::new();
-        let mut wait = PROBE_FIRST_WAIT;
-        let mut announced = false;
-        while let Err(e) = self.store.probe(PROBE_TIMEOUT).await {
-            self.metrics.database(false, true);
-            if !announced {
-                tracing::warn!(
-                    "database unavailable: holding deliveries ({e}); probing it every {} s at most",
-                    PROBE_MAX_WAIT.as_secs()
-                );
-                announced = true;
-            }
-            tokio::time::sleep(wait.mul_f64(0.5 + rng.f64() / 2.0)).await;
-            wait = (wait * 2).min(PROBE_MAX_WAIT);
-        }
-        if announced {
-            tracing::info!(
-                "database back after {} s: taking deliveries again",
-                started.elapsed().as_secs()
-            );
-        }
+        // A probe that fails for any reason counts: the database is not serving this store.
+        let _ = wait_for_database(
+            || self.store.probe(PROBE_TIMEOUT),
+            |_| true,
+            || self.metrics.database(false, true),
+            Lines {
+                waiting: |e| {
+                    format!(
+                        "database unavailable: holding deliveries ({e}); probing it every {} s at most",
+                        PROBE_MAX_WAIT.as_secs()
+                    )
+                },
+                back: |s| format!("database back after {s} s: taking deliveries again"),
+            },
+        )
+        .await;
         self.probing.store(false, Ordering::SeqCst);
         self.metrics.database(true, false);
         self.gate.release();
+    }
+}
+
+/// What one wait for the database says: once, when an attempt first finds it unavailable (with
+/// that error), and once, when it answers again (with the whole seconds waited).
+pub(crate) struct Lines {
+    pub waiting: fn(&StorageError) -> String,
+    pub back: fn(u64) -> String,
+}
+
+/// Runs `attempt` until it succeeds. While a failure is one that `unavailable` says waiting can
+/// cure, it reports it to `failed`, waits a jittered, doubling while ([`PROBE_FIRST_WAIT`] to
+/// [`PROBE_MAX_WAIT`]) and tries again; any other failure ends the wait. The first such
+/// failure, and the answer after it, each get one line ([`Lines`]). The one way `consume`
+/// waits for its database: at start, and while it holds deliveries during an outage.
+pub(crate) async fn wait_for_database<T, Fut>(
+    mut attempt: impl FnMut() -> Fut,
+    unavailable: impl Fn(&StorageError) -> bool,
+    mut failed: impl FnMut(),
+    lines: Lines,
+) -> Result<T, StorageError>
+where
+    Fut: Future<Output = Result<T, StorageError>>,
+{
+    let started = Instant::now();
+    let mut backoff = Backoff::new(PROBE_FIRST_WAIT, PROBE_MAX_WAIT);
+    let mut announced = false;
+    loop {
+        match attempt().await {
+            Ok(v) => {
+                if announced {
+                    tracing::info!("{}", (lines.back)(started.elapsed().as_secs()));
+                }
+                return Ok(v);
+            }
+            Err(e) if unavailable(&e) => {
+                failed();
+                if !announced {
+                    tracing::warn!("{}", (lines.waiting)(&e));
+                    announced = true;
+                }
+            }
+            Err(e) => return Err(e),
+        }
+        tokio::time::sleep(backoff.next_wait()).await;
     }
 }

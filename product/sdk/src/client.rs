@@ -8,6 +8,7 @@ use serde::Serialize;
 use serde_json::value::RawValue;
 
 use crate::credentials::Token;
+use crate::ids::{DeliveryId, SubscriptionId};
 use crate::wire::{
     AddBudget, CreateSubscription, CredentialInfo, DeliveryInfo, ErrorBody, ReportTask, SubmitTask,
     Subscription, Task,
@@ -96,14 +97,6 @@ pub struct BaseUrl {
     rest: String,
 }
 
-fn is_loopback(host: &str) -> bool {
-    let host = host.trim_start_matches('[').trim_end_matches(']');
-    host.eq_ignore_ascii_case("localhost")
-        || host
-            .parse::<std::net::IpAddr>()
-            .is_ok_and(|ip| ip.is_loopback())
-}
-
 impl BaseUrl {
     /// Parses `url`, refusing plain HTTP to anything but loopback.
     pub fn parse(url: &str) -> Result<BaseUrl, SdkError> {
@@ -111,38 +104,29 @@ impl BaseUrl {
             .split_once("://")
             .ok_or_else(|| SdkError::Url("must start with http:// or https://".into()))?;
         let rest = rest.strip_suffix('/').unwrap_or(rest);
-        let authority = rest.split('/').next().unwrap_or("");
-        if authority.is_empty() || authority.contains('@') {
+        let (authority, after) = endpoint::split_authority(rest);
+        let parsed = endpoint::Authority::parse(authority);
+        if matches!(parsed, Err(endpoint::AuthorityError::NoHost))
+            || parsed.is_ok_and(|a| a.has_userinfo())
+        {
             return Err(SdkError::Url("needs a host and no user information".into()));
         }
         // The platform's API lives at its root: a path, a query or a fragment would only show
         // up later, as 404s on every call.
-        if rest.len() > authority.len() || authority.contains(['?', '#']) {
+        if !after.is_empty() {
             return Err(SdkError::Url(
                 "must be the platform's address alone, without a path, query or fragment, e.g. http://127.0.0.1:8080"
                     .into(),
             ));
         }
-        let port = if authority.starts_with('[') {
-            authority.rsplit_once("]:").map(|(_, p)| p)
-        } else {
-            authority.split_once(':').map(|(_, p)| p)
-        };
-        if let Some(port) = port {
-            if !port.parse::<u16>().is_ok_and(|p| p > 0) {
-                return Err(SdkError::Url(
-                    "has a port that is not a number from 1 to 65535".into(),
-                ));
-            }
-        }
-        let host = if authority.starts_with('[') {
-            authority.split(']').next().unwrap_or("").to_owned() + "]"
-        } else {
-            authority.split(':').next().unwrap_or("").to_owned()
+        let Ok(parsed) = parsed else {
+            return Err(SdkError::Url(
+                "has a port that is not a number from 1 to 65535".into(),
+            ));
         };
         let secure = match scheme.to_ascii_lowercase().as_str() {
             "https" => true,
-            "http" if is_loopback(&host) => false,
+            "http" if parsed.is_loopback() => false,
             "http" => {
                 return Err(SdkError::Url(format!(
                     "must use https for a host that is not loopback: https://{authority}"
@@ -190,16 +174,9 @@ pub struct Client {
     token: Token,
 }
 
-/// Everything but RFC 3986's unreserved characters (`A-Z a-z 0-9 - _ . ~`) is encoded.
-const COMPONENT: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
-    .remove(b'-')
-    .remove(b'_')
-    .remove(b'.')
-    .remove(b'~');
-
 /// Percent-encodes one path segment.
 fn seg(s: &str) -> String {
-    percent_encoding::utf8_percent_encode(s, COMPONENT).to_string()
+    endpoint::encode_component(s)
 }
 
 impl Client {
@@ -333,7 +310,7 @@ impl Client {
     }
 
     /// A subscription.
-    pub async fn get_subscription(&self, id: &str) -> Result<Subscription, SdkError> {
+    pub async fn get_subscription(&self, id: &SubscriptionId) -> Result<Subscription, SdkError> {
         self.call(
             reqwest::Method::GET,
             &format!("/v1/subscriptions/{}", seg(id)),
@@ -343,7 +320,7 @@ impl Client {
     }
 
     /// Stops new deliveries to a subscription.
-    pub async fn pause_subscription(&self, id: &str) -> Result<Subscription, SdkError> {
+    pub async fn pause_subscription(&self, id: &SubscriptionId) -> Result<Subscription, SdkError> {
         self.call(
             reqwest::Method::POST,
             &format!("/v1/subscriptions/{}/pause", seg(id)),
@@ -353,7 +330,7 @@ impl Client {
     }
 
     /// Lets deliveries flow to a paused subscription again.
-    pub async fn resume_subscription(&self, id: &str) -> Result<Subscription, SdkError> {
+    pub async fn resume_subscription(&self, id: &SubscriptionId) -> Result<Subscription, SdkError> {
         self.call(
             reqwest::Method::POST,
             &format!("/v1/subscriptions/{}/resume", seg(id)),
@@ -365,7 +342,7 @@ impl Client {
     /// A subscription's deliveries, oldest first.
     pub async fn list_deliveries(
         &self,
-        subscription: &str,
+        subscription: &SubscriptionId,
         filter: &DeliveryFilter,
     ) -> Result<Vec<DeliveryInfo>, SdkError> {
         let mut query = Vec::new();
@@ -392,7 +369,7 @@ impl Client {
     }
 
     /// A delivery.
-    pub async fn get_delivery(&self, id: &str) -> Result<DeliveryInfo, SdkError> {
+    pub async fn get_delivery(&self, id: &DeliveryId) -> Result<DeliveryInfo, SdkError> {
         self.call(
             reqwest::Method::GET,
             &format!("/v1/deliveries/{}", seg(id)),
@@ -402,7 +379,7 @@ impl Client {
     }
 
     /// Gives an EXPIRED delivery `add` (1–10) more leases; it becomes PENDING again.
-    pub async fn add_budget(&self, id: &str, add: u32) -> Result<DeliveryInfo, SdkError> {
+    pub async fn add_budget(&self, id: &DeliveryId, add: u32) -> Result<DeliveryInfo, SdkError> {
         self.call(
             reqwest::Method::POST,
             &format!("/v1/deliveries/{}/budget", seg(id)),
@@ -413,7 +390,7 @@ impl Client {
 
     /// Discards an EXPIRED delivery that can never apply: it leaves the subscription's window
     /// as DISCARDED and is never leased again.
-    pub async fn discard_delivery(&self, id: &str) -> Result<DeliveryInfo, SdkError> {
+    pub async fn discard_delivery(&self, id: &DeliveryId) -> Result<DeliveryInfo, SdkError> {
         self.call(
             reqwest::Method::POST,
             &format!("/v1/deliveries/{}/discard", seg(id)),

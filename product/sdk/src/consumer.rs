@@ -36,6 +36,8 @@ use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::Instant;
 
 use crate::client::Client;
+use crate::ids::{DeliveryId, SubscriptionId};
+pub use crate::link::StreamError;
 use crate::link::{Connector, Link, WsConnector};
 use crate::wire::{AckResult, ClientMessage, LeaseProof, ServerMessage};
 
@@ -85,7 +87,7 @@ impl CreditGate {
 
 /// One delivery, as a handler sees it. The lease proof stays inside the consumer.
 pub struct Delivery {
-    pub delivery_id: String,
+    pub delivery_id: DeliveryId,
     /// 1 for the first lease of this delivery, 2 after one expiry, …
     pub attempt: u32,
     pub lease_expires_at: String,
@@ -115,22 +117,28 @@ pub enum ConsumerEvent {
     /// The stream is open.
     Connected,
     /// The stream broke; the consumer reconnects after `retry_in`.
-    Disconnected { reason: String, retry_in: Duration },
+    Disconnected {
+        reason: StreamError,
+        retry_in: Duration,
+    },
     /// The platform answered an ACK.
     Ack {
-        delivery_id: String,
+        delivery_id: DeliveryId,
         result: AckResult,
         reason: Option<String>,
     },
     /// A handler failed: no ACK; the platform will deliver again after the lease.
-    HandlerFailed { delivery_id: String, error: String },
+    HandlerFailed {
+        delivery_id: DeliveryId,
+        error: HandlerError,
+    },
 }
 
 /// A consumer of one subscription, not yet started.
 #[derive(Debug, Clone)]
 pub struct EventConsumer {
     client: Client,
-    subscription: String,
+    subscription: SubscriptionId,
     concurrency: usize,
     backoff_initial: Duration,
     backoff_max: Duration,
@@ -145,7 +153,7 @@ pub struct EventConsumer {
 /// stream, with the delivery id; the consumer does nothing else until it returns.
 #[cfg(feature = "fault-hooks")]
 #[derive(Clone)]
-pub struct AckSentHook(pub Arc<dyn Fn(String) -> HookFuture + Send + Sync>);
+pub struct AckSentHook(pub Arc<dyn Fn(DeliveryId) -> HookFuture + Send + Sync>);
 
 /// What an [`AckSentHook`] returns.
 #[cfg(feature = "fault-hooks")]
@@ -177,7 +185,7 @@ pub struct Summary {
 
 impl EventConsumer {
     /// A consumer of `subscription` with concurrency 4.
-    pub fn new(client: Client, subscription: impl Into<String>) -> EventConsumer {
+    pub fn new(client: Client, subscription: impl Into<SubscriptionId>) -> EventConsumer {
         EventConsumer {
             client,
             subscription: subscription.into(),
@@ -230,18 +238,19 @@ impl EventConsumer {
         self
     }
 
-    /// Starts consuming; `handler` runs once per delivery.
+    /// Starts consuming; `handler` runs once per delivery. Its error comes back, as its own
+    /// type, in [`ConsumerEvent::HandlerFailed`] ([`HandlerError::downcast_ref`]).
     pub fn start<H, F, E>(self, handler: H) -> Running
     where
         H: Fn(Delivery) -> F + Send + Sync + 'static,
         F: Future<Output = Result<(), E>> + Send + 'static,
-        E: fmt::Display + Send + 'static,
+        E: Into<Box<dyn std::error::Error + Send + Sync>> + Send + 'static,
     {
         let (stop, stop_rx) = watch::channel(false);
         let (events, _) = broadcast::channel(1024);
         let handler = Arc::new(move |d: Delivery| {
             let fut = handler(d);
-            async move { fut.await.map_err(|e| e.to_string()) }
+            async move { fut.await.map_err(HandlerError::failed) }
         });
         let connector = WsConnector::new(
             &self.client,
@@ -273,46 +282,27 @@ impl Running {
     }
 }
 
-/// Backoff jitter from a generator seeded by the system (fastrand).
-struct Jitter(fastrand::Rng);
+/// Capped exponential backoff with jitter between connection attempts, and what the consumer
+/// says about each.
+struct Reconnect(backoff::Backoff);
 
-impl Jitter {
-    fn new() -> Jitter {
-        Jitter(fastrand::Rng::new())
-    }
-
-    /// `d` scaled by a factor in [0.5, 1.5).
-    fn apply(&mut self, d: Duration) -> Duration {
-        d.mul_f64(0.5 + self.0.f64())
-    }
-}
-
-/// Capped exponential backoff with jitter between connection attempts.
-struct Backoff {
-    jitter: Jitter,
-    delay: Duration,
-    initial: Duration,
-    max: Duration,
-}
-
-impl Backoff {
+impl Reconnect {
     fn reset(&mut self) {
-        self.delay = self.initial;
+        self.0.reset();
     }
 
     /// Reports the disconnection and waits; false if a stop came first.
     async fn wait(
         &mut self,
-        reason: String,
+        reason: StreamError,
         events: &broadcast::Sender<ConsumerEvent>,
         stop: &mut watch::Receiver<bool>,
     ) -> bool {
-        let wait = self.jitter.apply(self.delay);
+        let wait = self.0.next_wait();
         let _ = events.send(ConsumerEvent::Disconnected {
             reason,
             retry_in: wait,
         });
-        self.delay = (self.delay * 2).min(self.max);
         tokio::select! {
             _ = tokio::time::sleep(wait) => true,
             _ = stop.changed() => false,
@@ -321,13 +311,47 @@ impl Backoff {
 }
 
 type Handler = Arc<
-    dyn Fn(Delivery) -> std::pin::Pin<Box<dyn Future<Output = Result<(), String>> + Send>>
+    dyn Fn(Delivery) -> std::pin::Pin<Box<dyn Future<Output = Result<(), HandlerError>> + Send>>
         + Send
         + Sync,
 >;
 
-/// What the consumer reports when a handler panicked; the panic's own message is not repeated.
-pub const HANDLER_PANICKED: &str = "the handler panicked";
+/// Why a handler did not succeed, so that its delivery was not ACKed: the handler's own error,
+/// kept as its type, or a panic (whose message is not repeated).
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum HandlerError {
+    #[error("{0}")]
+    Failed(Arc<dyn std::error::Error + Send + Sync>),
+    #[error("the handler panicked")]
+    Panicked,
+}
+
+impl HandlerError {
+    fn failed(e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> HandlerError {
+        HandlerError::Failed(Arc::from(e.into()))
+    }
+
+    /// The handler's error as `E`, when it is one.
+    pub fn downcast_ref<E: std::error::Error + 'static>(&self) -> Option<&E> {
+        match self {
+            HandlerError::Failed(e) => e.downcast_ref(),
+            HandlerError::Panicked => None,
+        }
+    }
+}
+
+/// The same failure: both panics, or the very same error value.
+impl PartialEq for HandlerError {
+    fn eq(&self, other: &HandlerError) -> bool {
+        match (self, other) {
+            (HandlerError::Failed(a), HandlerError::Failed(b)) => Arc::ptr_eq(a, b),
+            (HandlerError::Panicked, HandlerError::Panicked) => true,
+            _ => false,
+        }
+    }
+}
+
+impl Eq for HandlerError {}
 
 /// Credit for the platform: what a connection was granted, and what is owed while the gate
 /// is held.
@@ -356,20 +380,19 @@ async fn run<C, H, F>(
 where
     C: Connector,
     H: Fn(Delivery) -> F + Send + Sync + 'static,
-    F: Future<Output = Result<(), String>> + Send + 'static,
+    F: Future<Output = Result<(), HandlerError>> + Send + 'static,
 {
     let handler: Handler = Arc::new(move |d| Box::pin(handler(d)));
-    let mut in_flight: JoinSet<(String, LeaseProof, Result<(), String>)> = JoinSet::new();
+    let mut in_flight: JoinSet<(DeliveryId, LeaseProof, Result<(), HandlerError>)> = JoinSet::new();
     // ACKs sent and not yet answered: delivery id → the ORIGINAL proof.
-    let mut pending: HashMap<String, (LeaseProof, Instant)> = HashMap::new();
+    let mut pending: HashMap<DeliveryId, (LeaseProof, Instant)> = HashMap::new();
     let mut gate = config.gate.watch();
     let mut credit = Credit { owed: 0 };
-    let mut backoff = Backoff {
-        jitter: Jitter::new(),
-        delay: config.backoff_initial,
-        initial: config.backoff_initial,
-        max: config.backoff_max,
-    };
+    // Jittered from half to one and a half of each step, so that consumers cut off together
+    // spread their reconnects on both sides of it.
+    let mut backoff = Reconnect(
+        backoff::Backoff::new(config.backoff_initial, config.backoff_max).jitter(0.5, 1.5),
+    );
 
     'connect: loop {
         if *stop.borrow() {
@@ -426,7 +449,7 @@ where
                     last_heard = Instant::now();
                     let text = match msg {
                         Ok(Some(t)) => t,
-                        Ok(None) => { broken = Some("the platform closed the stream".to_owned()); continue }
+                        Ok(None) => { broken = Some(StreamError::Closed); continue }
                         Err(e) => { broken = Some(e); continue }
                     };
                     match ServerMessage::from_json(&text) {
@@ -437,7 +460,7 @@ where
                                 let result = AssertUnwindSafe(handler(delivery))
                                     .catch_unwind()
                                     .await
-                                    .unwrap_or_else(|_| Err(HANDLER_PANICKED.to_owned()));
+                                    .unwrap_or_else(|_| Err(HandlerError::Panicked));
                                 (delivery_id, proof, result)
                             });
                         }
@@ -446,7 +469,7 @@ where
                             let _ = events.send(ConsumerEvent::Ack { delivery_id, result, reason });
                         }
                         Ok(ServerMessage::Heartbeat) => {}
-                        Err(e) => broken = Some(format!("unexpected stream message: {e}")),
+                        Err(e) => broken = Some(StreamError::Message(e)),
                     }
                 }
                 Some(done) = in_flight.join_next(), if !in_flight.is_empty() => {
@@ -487,9 +510,9 @@ where
                 }
                 _ = heartbeat.tick() => {
                     if last_heard.elapsed() > HEARTBEAT * 3 {
-                        broken = Some("no message from the platform for three heartbeat periods".to_owned());
+                        broken = Some(StreamError::Silent);
                     } else if pending.values().any(|(_, sent)| sent.elapsed() > config.ack_timeout) {
-                        broken = Some("an ACK went unanswered".to_owned());
+                        broken = Some(StreamError::AckUnanswered);
                     } else if let Err(e) = send(&mut link, &ClientMessage::Heartbeat).await {
                         broken = Some(e);
                     }
@@ -497,7 +520,7 @@ where
             }
         }
         if !backoff
-            .wait(broken.unwrap_or_default(), &events, &mut stop)
+            .wait(broken.unwrap_or(StreamError::Closed), &events, &mut stop)
             .await
         {
             break 'connect;
@@ -511,8 +534,8 @@ where
     summary
 }
 
-async fn send<L: Link>(link: &mut L, m: &ClientMessage) -> Result<(), String> {
-    let text = serde_json::to_string(m).map_err(|e| e.to_string())?;
+async fn send<L: Link>(link: &mut L, m: &ClientMessage) -> Result<(), StreamError> {
+    let text = serde_json::to_string(m).map_err(|e| StreamError::Transport(e.to_string()))?;
     link.send(text).await
 }
 
@@ -527,7 +550,7 @@ mod tests {
     /// The platform's end of one link.
     struct Peer {
         from_client: mpsc::UnboundedReceiver<String>,
-        to_client: mpsc::UnboundedSender<Result<Option<String>, String>>,
+        to_client: mpsc::UnboundedSender<Result<Option<String>, StreamError>>,
     }
 
     impl Peer {
@@ -561,14 +584,16 @@ mod tests {
 
     struct ChannelLink {
         to_peer: mpsc::UnboundedSender<String>,
-        from_peer: mpsc::UnboundedReceiver<Result<Option<String>, String>>,
+        from_peer: mpsc::UnboundedReceiver<Result<Option<String>, StreamError>>,
     }
 
     impl Link for ChannelLink {
-        async fn send(&mut self, text: String) -> Result<(), String> {
-            self.to_peer.send(text).map_err(|_| "peer gone".to_owned())
+        async fn send(&mut self, text: String) -> Result<(), StreamError> {
+            self.to_peer
+                .send(text)
+                .map_err(|_| StreamError::Transport("peer gone".to_owned()))
         }
-        async fn recv(&mut self) -> Result<Option<String>, String> {
+        async fn recv(&mut self) -> Result<Option<String>, StreamError> {
             self.from_peer.recv().await.unwrap_or(Ok(None))
         }
         async fn close(&mut self) {}
@@ -583,11 +608,11 @@ mod tests {
 
     impl Connector for ChannelConnector {
         type Link = ChannelLink;
-        async fn connect(&mut self) -> Result<ChannelLink, String> {
+        async fn connect(&mut self) -> Result<ChannelLink, StreamError> {
             match tokio::time::timeout(self.timeout, self.links.recv()).await {
                 Ok(Some(link)) => Ok(link),
-                Ok(None) => Err("no more links".to_owned()),
-                Err(_) => Err("opening the stream took too long".to_owned()),
+                Ok(None) => Err(StreamError::Connect("no more links".to_owned())),
+                Err(_) => Err(StreamError::ConnectTimeout(self.timeout)),
             }
         }
     }
@@ -605,6 +630,10 @@ mod tests {
             H: Fn(Delivery) -> F + Send + Sync + 'static,
             F: Future<Output = Result<(), String>> + Send + 'static,
         {
+            let handler = move |d: Delivery| {
+                let fut = handler(d);
+                async move { fut.await.map_err(HandlerError::failed) }
+            };
             let client = Client::new("http://127.0.0.1:9", Token::new("t")).unwrap();
             let config = EventConsumer::new(client, "s")
                 .concurrency(concurrency)
@@ -685,7 +714,7 @@ mod tests {
             h.next_event().await,
             ConsumerEvent::HandlerFailed {
                 delivery_id: "boom".into(),
-                error: HANDLER_PANICKED.into()
+                error: HandlerError::Panicked
             }
         );
         assert_eq!(
@@ -746,7 +775,7 @@ mod tests {
         let started = Instant::now();
         match h.next_event().await {
             ConsumerEvent::Disconnected { reason, .. } => {
-                assert!(reason.contains("took too long"), "{reason}")
+                assert_eq!(reason, StreamError::ConnectTimeout(CONNECT_TIMEOUT))
             }
             other => panic!("wanted a failed connect, got {other:?}"),
         }
@@ -765,9 +794,7 @@ mod tests {
         assert_eq!(h.next_event().await, ConsumerEvent::Connected);
         let started = Instant::now();
         match h.next_event().await {
-            ConsumerEvent::Disconnected { reason, .. } => {
-                assert!(reason.contains("three heartbeat periods"), "{reason}")
-            }
+            ConsumerEvent::Disconnected { reason, .. } => assert_eq!(reason, StreamError::Silent),
             other => panic!("wanted a disconnect, got {other:?}"),
         }
         let silent = started.elapsed();

@@ -9,10 +9,12 @@
 pub mod client;
 pub mod consumer;
 pub mod credentials;
+pub mod ids;
 mod link;
 pub mod wire;
 
 pub use client::{Client, DeliveryFilter, SdkError, TransportError};
 pub use consumer::{ConsumerEvent, CreditGate, Delivery, EventConsumer, Running, Summary};
 pub use credentials::{Credentials, CredentialsError, Token};
+pub use ids::{DeliveryId, SubscriptionId};
 pub use wire::AckResult;

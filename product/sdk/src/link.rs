@@ -13,14 +13,43 @@ use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
 use crate::client::Client;
+use crate::wire::MessageError;
+
+/// Why a stream connection could not be opened, or ended; the consumer reconnects after each
+/// ([`crate::ConsumerEvent::Disconnected`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum StreamError {
+    /// Opening the connection failed: refused, TLS, an HTTP status instead of the upgrade.
+    #[error("{0}")]
+    Connect(String),
+    /// Opening the connection took longer than the connect timeout.
+    #[error("opening the stream took longer than {} ms", .0.as_millis())]
+    ConnectTimeout(Duration),
+    /// Sending or receiving on the open connection failed.
+    #[error("{0}")]
+    Transport(String),
+    /// The platform closed the stream.
+    #[error("the platform closed the stream")]
+    Closed,
+    /// The platform sent something that is not one of its messages.
+    #[error("unexpected stream message: {0}")]
+    Message(#[from] MessageError),
+    /// Nothing came from the platform for three heartbeat periods.
+    #[error("no message from the platform for three heartbeat periods")]
+    Silent,
+    /// An ACK was not answered within the ACK timeout.
+    #[error("an ACK went unanswered")]
+    AckUnanswered,
+}
 
 /// One open stream connection.
 pub(crate) trait Link: Send {
     /// Sends one text message.
-    fn send(&mut self, text: String) -> impl Future<Output = Result<(), String>> + Send;
+    fn send(&mut self, text: String) -> impl Future<Output = Result<(), StreamError>> + Send;
     /// The next text message, `None` once the peer closed, or why the connection broke.
     /// Cancel-safe: a message is never lost to a `select!` that picks another branch.
-    fn recv(&mut self) -> impl Future<Output = Result<Option<String>, String>> + Send;
+    fn recv(&mut self) -> impl Future<Output = Result<Option<String>, StreamError>> + Send;
     /// Closes the connection politely.
     fn close(&mut self) -> impl Future<Output = ()> + Send;
 }
@@ -29,7 +58,7 @@ pub(crate) trait Link: Send {
 pub(crate) trait Connector: Send + 'static {
     type Link: Link;
     /// One attempt; an error says why it failed.
-    fn connect(&mut self) -> impl Future<Output = Result<Self::Link, String>> + Send;
+    fn connect(&mut self) -> impl Future<Output = Result<Self::Link, StreamError>> + Send;
 }
 
 /// WebSocket connections to one stream URL, each attempt bounded by a timeout.
@@ -57,22 +86,19 @@ impl WsConnector {
 impl Connector for WsConnector {
     type Link = WsLink;
 
-    async fn connect(&mut self) -> Result<WsLink, String> {
+    async fn connect(&mut self) -> Result<WsLink, StreamError> {
         let mut request = self
             .url
             .as_str()
             .into_client_request()
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| StreamError::Connect(e.to_string()))?;
         if let Some(v) = &self.authorization {
             request.headers_mut().insert("Authorization", v.clone());
         }
         match tokio::time::timeout(self.timeout, tokio_tungstenite::connect_async(request)).await {
             Ok(Ok((ws, _))) => Ok(WsLink(ws)),
-            Ok(Err(e)) => Err(e.to_string()),
-            Err(_) => Err(format!(
-                "opening the stream took longer than {} ms",
-                self.timeout.as_millis()
-            )),
+            Ok(Err(e)) => Err(StreamError::Connect(e.to_string())),
+            Err(_) => Err(StreamError::ConnectTimeout(self.timeout)),
         }
     }
 }
@@ -81,21 +107,21 @@ impl Connector for WsConnector {
 pub(crate) struct WsLink(WebSocketStream<MaybeTlsStream<TcpStream>>);
 
 impl Link for WsLink {
-    async fn send(&mut self, text: String) -> Result<(), String> {
+    async fn send(&mut self, text: String) -> Result<(), StreamError> {
         self.0
             .send(Message::Text(text.into()))
             .await
-            .map_err(|e| e.to_string())
+            .map_err(|e| StreamError::Transport(e.to_string()))
     }
 
-    async fn recv(&mut self) -> Result<Option<String>, String> {
+    async fn recv(&mut self) -> Result<Option<String>, StreamError> {
         loop {
             match self.0.next().await {
                 Some(Ok(Message::Text(t))) => return Ok(Some(t.as_str().to_owned())),
                 Some(Ok(Message::Close(_))) | None => return Ok(None),
                 // Pings, pongs and binary frames carry nothing for the consumer.
                 Some(Ok(_)) => continue,
-                Some(Err(e)) => return Err(e.to_string()),
+                Some(Err(e)) => return Err(StreamError::Transport(e.to_string())),
             }
         }
     }

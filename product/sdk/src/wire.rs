@@ -7,6 +7,8 @@
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
+pub use crate::ids::{DeliveryId, SubscriptionId};
+
 /// Scope: read subscriptions and deliveries.
 pub const SCOPE_EVENTS_READ: &str = "events:read";
 /// Scope: open a subscription's delivery stream and ACK.
@@ -77,7 +79,7 @@ pub struct ReportTask {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Subscription {
     /// 32 characters.
-    pub id: String,
+    pub id: SubscriptionId,
     pub namespace: String,
     pub queue_id: String,
     pub event_types: Vec<String>,
@@ -101,8 +103,8 @@ pub struct CreateSubscription {
 /// A delivery, as listed (never with a proof).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DeliveryInfo {
-    pub id: String,
-    pub subscription_id: String,
+    pub id: DeliveryId,
+    pub subscription_id: SubscriptionId,
     pub event_id: String,
     pub event_type: String,
     pub task_id: String,
@@ -155,7 +157,7 @@ pub enum ClientMessage {
     },
     /// The delivery was handled; `proof` is that delivery's lease proof.
     Ack {
-        delivery_id: String,
+        delivery_id: DeliveryId,
         proof: LeaseProof,
     },
     Heartbeat,
@@ -167,7 +169,7 @@ pub enum ClientMessage {
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum ServerMessage {
     Delivery {
-        delivery_id: String,
+        delivery_id: DeliveryId,
         /// 1 for the first lease, 2 after one expiry, …
         attempt: u32,
         proof: LeaseProof,
@@ -176,7 +178,7 @@ pub enum ServerMessage {
         event: Box<RawValue>,
     },
     AckResult {
-        delivery_id: String,
+        delivery_id: DeliveryId,
         result: AckResult,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         reason: Option<String>,
@@ -209,12 +211,27 @@ impl AckResult {
     }
 }
 
+/// Why a stream message could not be read as a [`ServerMessage`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum MessageError {
+    /// Not JSON, or a field of the wrong type.
+    #[error("{0}")]
+    NotAMessage(String),
+    /// A message of a known type without one of its fields.
+    #[error("a {kind} message without `{field}`")]
+    Missing { kind: String, field: &'static str },
+    /// A `type` this SDK does not know.
+    #[error("unknown message type {0:?}")]
+    UnknownType(String),
+}
+
 /// Every field any server message has, for reading; `type` says which are present.
 #[derive(Deserialize)]
 struct ServerMessageFields {
     #[serde(rename = "type")]
     kind: String,
-    delivery_id: Option<String>,
+    delivery_id: Option<DeliveryId>,
     attempt: Option<u32>,
     proof: Option<LeaseProof>,
     lease_expires_at: Option<String>,
@@ -225,9 +242,13 @@ struct ServerMessageFields {
 
 impl ServerMessage {
     /// Reads a stream message, keeping the event's exact text.
-    pub fn from_json(text: &str) -> Result<ServerMessage, String> {
-        let f: ServerMessageFields = serde_json::from_str(text).map_err(|e| e.to_string())?;
-        let missing = |field: &str| format!("a {} message without `{field}`", f.kind);
+    pub fn from_json(text: &str) -> Result<ServerMessage, MessageError> {
+        let f: ServerMessageFields =
+            serde_json::from_str(text).map_err(|e| MessageError::NotAMessage(e.to_string()))?;
+        let missing = |field: &'static str| MessageError::Missing {
+            kind: f.kind.clone(),
+            field,
+        };
         match f.kind.as_str() {
             "delivery" => Ok(ServerMessage::Delivery {
                 delivery_id: f
@@ -251,7 +272,7 @@ impl ServerMessage {
                 reason: f.reason,
             }),
             "heartbeat" => Ok(ServerMessage::Heartbeat),
-            other => Err(format!("unknown message type {other:?}")),
+            other => Err(MessageError::UnknownType(other.to_owned())),
         }
     }
 }
@@ -289,7 +310,21 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
-        assert!(ServerMessage::from_json(r#"{"type":"delivery"}"#).is_err());
+        assert_eq!(
+            ServerMessage::from_json(r#"{"type":"delivery"}"#).unwrap_err(),
+            MessageError::Missing {
+                kind: "delivery".into(),
+                field: "delivery_id"
+            }
+        );
+        assert_eq!(
+            ServerMessage::from_json(r#"{"type":"gossip"}"#).unwrap_err(),
+            MessageError::UnknownType("gossip".into())
+        );
+        assert!(matches!(
+            ServerMessage::from_json("[1]"),
+            Err(MessageError::NotAMessage(_))
+        ));
         assert!(matches!(
             ServerMessage::from_json(
                 r#"{"type":"ack_result","delivery_id":"d","result":"already_acked"}"#

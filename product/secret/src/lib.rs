@@ -10,6 +10,9 @@
 //! It has no dependencies beyond optional serde, so every crate can use it, the inbox core
 //! included. It does not zero its memory on drop: the threat it answers is output (logs,
 //! errors, panics), not a memory dump.
+//!
+//! What this crate must never do: print a secret's text through a formatting trait, or gain a
+//! dependency that the crates below the receiver could not take.
 
 use std::fmt;
 

@@ -19,7 +19,12 @@
 //! the process was killed, by the next run's sweep; a local server also dies with the process
 //! that started it (`PR_SET_PDEATHSIG`). No server outlives the test run.
 //!
-//! This crate knows MySQL administration only; it knows nothing of the inbox.
+//! This crate knows MySQL administration only; it knows nothing of the inbox. It sits at the
+//! bottom of the test layers: the suites and the benches use it, it uses none of them.
+//!
+//! What this crate must never do: leave a server, a process or a directory behind, listen on
+//! anything but loopback, print a password (every password and URL is a `secret::Secret`), or
+//! touch a database it did not create.
 
 mod cleanup;
 mod galera;
@@ -219,17 +224,22 @@ impl Server {
                 "{TESTDB_MYSQL_URL} must look like mysql://admin:password@host:port"
             ))
         })?;
-        let rest = rest.trim_end_matches('/');
-        let (userinfo, hostport) = rest.rsplit_once('@').ok_or_else(|| {
+        let (authority, _) = endpoint::split_authority(rest);
+        let parsed = endpoint::Authority::parse(authority).map_err(|e| {
+            Error::Config(match e {
+                endpoint::AuthorityError::NoHost => format!("{TESTDB_MYSQL_URL} names no host"),
+                endpoint::AuthorityError::BadPort => {
+                    format!("{TESTDB_MYSQL_URL} has a malformed port")
+                }
+            })
+        })?;
+        let user = parsed.user().ok_or_else(|| {
             Error::Config(format!(
                 "{TESTDB_MYSQL_URL} must name an admin user: mysql://admin:password@host:port"
             ))
         })?;
-        let (user, password) = userinfo.split_once(':').unwrap_or((userinfo, ""));
-        let (host, port) = hostport.rsplit_once(':').unwrap_or((hostport, "3306"));
-        let port: u16 = port
-            .parse()
-            .map_err(|_| Error::Config(format!("{TESTDB_MYSQL_URL} has a malformed port")))?;
+        let (host, port) = (parsed.host(), parsed.port().unwrap_or(3306));
+        let password = parsed.password().unwrap_or("");
         let server = Server {
             host: host.to_owned(),
             port,

@@ -33,29 +33,18 @@ where
     })
 }
 
-/// Everything but RFC 3986's unreserved characters (`A-Z a-z 0-9 - _ . ~`) is encoded.
-const COMPONENT: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
-    .remove(b'-')
-    .remove(b'_')
-    .remove(b'.')
-    .remove(b'~');
-
-fn encode(s: &str) -> String {
-    percent_encoding::utf8_percent_encode(s, COMPONENT).to_string()
-}
-
 /// `mysql://user[:password]@address[/database]`, a [`Secret`] because of the password.
 pub(crate) fn url(user: &str, password: &str, address: &str, database: Option<&str>) -> Secret {
-    let mut u = format!("mysql://{}", encode(user));
+    let mut u = format!("mysql://{}", endpoint::encode_component(user));
     if !password.is_empty() {
         u.push(':');
-        u.push_str(&encode(password));
+        u.push_str(&endpoint::encode_component(password));
     }
     u.push('@');
     u.push_str(address);
     if let Some(db) = database {
         u.push('/');
-        u.push_str(&encode(db));
+        u.push_str(&endpoint::encode_component(db));
     }
     Secret::new(u)
 }

@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 use commit_proxy::{Action, RuleSpec};
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
+use orbit_sdk::{DeliveryId, SubscriptionId};
 use result_inbox::Digest;
 use secret::Secret;
 use serde_json::value::RawValue;
@@ -212,7 +213,7 @@ struct World {
     receiver: String,
     orbit: OrbitDev,
     client: orbit_sdk::Client,
-    sub: String,
+    sub: SubscriptionId,
     /// Where consume connects: the database, or a proxy in front of it.
     dsn: Secret,
     dir: PathBuf,
@@ -304,7 +305,7 @@ impl World {
                 self.orbit.credentials_file.display().to_string(),
             ),
             ("ORBIT_RECEIVER_DSN", dsn.expose().to_owned()),
-            ("ORBIT_SUBSCRIPTION_ID", self.sub.clone()),
+            ("ORBIT_SUBSCRIPTION_ID", self.sub.to_string()),
             ("RECEIVER_NAME", RECEIVER_NAME.to_owned()),
         ]
     }
@@ -433,12 +434,12 @@ impl World {
             .expect("deliveries listed")
     }
 
-    async fn delivery(&self, id: &str) -> orbit_sdk::wire::DeliveryInfo {
+    async fn delivery(&self, id: &DeliveryId) -> orbit_sdk::wire::DeliveryInfo {
         self.client.get_delivery(id).await.expect("delivery read")
     }
 
     /// Waits until every delivery in `ids` is ACKED; `Err` names the first that is not.
-    async fn acked(&self, ids: &[String], within: Duration, rule: &str) -> Result<(), String> {
+    async fn acked(&self, ids: &[DeliveryId], within: Duration, rule: &str) -> Result<(), String> {
         let end = Instant::now() + within;
         loop {
             let mut open = None;
@@ -464,7 +465,7 @@ impl World {
     }
 
     /// The deliveries of platform event `event` (its key).
-    async fn deliveries_of(&self, event: &str) -> Vec<String> {
+    async fn deliveries_of(&self, event: &str) -> Vec<DeliveryId> {
         self.deliveries()
             .await
             .into_iter()
@@ -527,7 +528,7 @@ impl World {
 
     /// Forges an event from `key` (see orbit-dev's `forge-event`): the id its body carries
     /// and its deliveries.
-    fn forge(&self, key: &str, keep_id: bool, version: Option<u64>) -> (String, Vec<String>) {
+    fn forge(&self, key: &str, keep_id: bool, version: Option<u64>) -> (String, Vec<DeliveryId>) {
         let mut body =
             serde_json::json!({"fault": "forge-event", "event_id": key, "keep_id": keep_id});
         if let Some(v) = version {
@@ -539,7 +540,7 @@ impl World {
             .as_array()
             .expect("deliveries")
             .iter()
-            .filter_map(|d| d.as_str().map(str::to_owned))
+            .filter_map(|d| d.as_str().map(DeliveryId::from))
             .collect();
         (id, deliveries)
     }
@@ -756,14 +757,14 @@ async fn names_by_bytes(ctx: Ctx) -> Verdict {
     for (k, v) in &mut env {
         match *k {
             "RECEIVER_NAME" => *v = OTHER.into(),
-            "ORBIT_SUBSCRIPTION_ID" => *v = second.clone(),
+            "ORBIT_SUBSCRIPTION_ID" => *v = second.to_string(),
             _ => {}
         }
     }
     let _b = w.spawn("consume", &env);
     let (task, key) = w.cancelled_task().await;
-    let ids: Vec<String> = w.deliveries_of(&key).await;
-    let theirs: Vec<String> = w
+    let ids: Vec<DeliveryId> = w.deliveries_of(&key).await;
+    let theirs: Vec<DeliveryId> = w
         .client
         .list_deliveries(&second, &Default::default())
         .await
@@ -854,11 +855,11 @@ async fn first_receipt(ctx: Ctx) -> Verdict {
 async fn duplicate(ctx: Ctx) -> Verdict {
     let (w, _p, task, key) = World::first_event(&ctx, SHORT_LEASE).await?;
     let reply = w.fault(serde_json::json!({"fault": "duplicate-event", "event_id": key}));
-    let again: Vec<String> = reply["deliveries"]
+    let again: Vec<DeliveryId> = reply["deliveries"]
         .as_array()
         .expect("deliveries")
         .iter()
-        .filter_map(|d| d.as_str().map(str::to_owned))
+        .filter_map(|d| d.as_str().map(DeliveryId::from))
         .collect();
     // A duplicate is resolved inside its first lease: once one was handed out again, the
     // receiver did not ACK it.
@@ -921,7 +922,7 @@ async fn stale_version(ctx: Ctx) -> Verdict {
 }
 
 /// Waits two leases and a second: `deliveries` must still be unACKED by then.
-async fn never_acked(w: &World, deliveries: &[String], rule: &str) -> Result<u32, String> {
+async fn never_acked(w: &World, deliveries: &[DeliveryId], rule: &str) -> Result<u32, String> {
     tokio::time::sleep(Duration::from_secs(2 * SHORT_LEASE + 1)).await;
     let mut attempts = 0;
     for id in deliveries {
@@ -1350,7 +1351,7 @@ async fn database_restart(ctx: Ctx) -> Verdict {
     w.own_server()
         .restart()
         .expect("the receiver's server starts again");
-    let ids: Vec<String> = w.deliveries().await.into_iter().map(|d| d.id).collect();
+    let ids: Vec<DeliveryId> = w.deliveries().await.into_iter().map(|d| d.id).collect();
     w.acked(
         &ids,
         Duration::from_secs(60),
@@ -1469,7 +1470,7 @@ async fn crash_loop(ctx: Ctx) -> Verdict {
             p = w.consume();
         }
     }
-    let ids: Vec<String> = w.deliveries().await.into_iter().map(|d| d.id).collect();
+    let ids: Vec<DeliveryId> = w.deliveries().await.into_iter().map(|d| d.id).collect();
     w.acked(
         &ids,
         Duration::from_secs(90),
@@ -1517,7 +1518,7 @@ async fn no_secrets(ctx: Ctx) -> Verdict {
     let proofs: Vec<ProofRow> = sqlx::query_as(
         "SELECT proof_sha256, acked_proof_sha256 FROM orbit_deliveries WHERE subscription_id = ?",
     )
-    .bind(&w.sub)
+    .bind(w.sub.as_str())
     .fetch_all(&mut c)
     .await
     .expect("proof hashes read");

@@ -2,6 +2,12 @@
 //! `receiver init` would, event builders, and the path of the real `receiver` binary.
 //!
 //! Every database here lives on a real server from `testdb`; nothing is mocked.
+//!
+//! This crate is the top of the test layers: it drives the shipped programs, `orbit-dev` and
+//! `commit-proxy` as real processes and servers, and nothing depends on it. What it must never
+//! do: mock the database or the platform, judge a receiver in the kit by anything but the
+//! platform's state, the two tables and the program's exit and output, or print a token, a
+//! password or a result body in a verdict.
 
 use std::path::PathBuf;
 
@@ -258,7 +264,7 @@ pub async fn subscribed_receiver(
         .await
         .expect("subscription created");
     let mut env = orbit.receiver_env();
-    env.push(("ORBIT_SUBSCRIPTION_ID", sub.id.clone()));
+    env.push(("ORBIT_SUBSCRIPTION_ID", sub.id.to_string()));
     (orbit, client, sub, env)
 }
 
@@ -562,7 +568,7 @@ impl OrbitDev {
     /// The subscription's deliveries of `event_id`.
     pub async fn deliveries_of(
         &self,
-        subscription: &str,
+        subscription: &orbit_sdk::SubscriptionId,
         event_id: &str,
     ) -> Vec<orbit_sdk::wire::DeliveryInfo> {
         let all = self
@@ -635,12 +641,12 @@ pub async fn cancelled_task(client: &orbit_sdk::Client) -> String {
 /// Waits until `sub`'s deliveries are all ACKED (and, with `count`, that many).
 pub async fn all_acked(
     client: &orbit_sdk::Client,
-    sub: &str,
+    sub: &orbit_sdk::SubscriptionId,
     count: Option<usize>,
     within: std::time::Duration,
 ) {
     eventually(within, "every delivery ACKED", || {
-        let (client, sub) = (client.clone(), sub.to_owned());
+        let (client, sub) = (client.clone(), sub.clone());
         async move {
             let d = client
                 .list_deliveries(&sub, &Default::default())
@@ -693,7 +699,7 @@ impl OwnServerReceiver {
             "ORBIT_RECEIVER_DSN",
             receiver_db.runtime_url().expose().to_owned(),
         ));
-        env.push(("ORBIT_SUBSCRIPTION_ID", sub.id.clone()));
+        env.push(("ORBIT_SUBSCRIPTION_ID", sub.id.to_string()));
         OwnServerReceiver {
             orbit,
             client,
@@ -724,7 +730,7 @@ pub struct Ledger {
 pub async fn check_ledger(
     admin: &mut MySqlConnection,
     client: &orbit_sdk::Client,
-    sub: &str,
+    sub: &orbit_sdk::SubscriptionId,
     tasks: &[String],
     what: &str,
 ) -> Ledger {

@@ -150,7 +150,7 @@ pub const TASK_COLUMNS: &str = "id, namespace, queue_id, state, version, result,
 pub fn subscription_from_row(r: &MySqlRow) -> Result<Subscription, sqlx::Error> {
     let types: String = r.try_get_unchecked("event_types")?;
     Ok(Subscription {
-        id: r.try_get_unchecked("id")?,
+        id: r.try_get_unchecked::<String, _>("id")?.into(),
         namespace: r.try_get_unchecked("namespace")?,
         queue_id: r.try_get_unchecked("queue_id")?,
         event_types: types
@@ -171,8 +171,8 @@ pub const SUBSCRIPTION_COLUMNS: &str =
 
 pub fn delivery_from_row(r: &MySqlRow) -> Result<DeliveryInfo, sqlx::Error> {
     Ok(DeliveryInfo {
-        id: r.try_get_unchecked("id")?,
-        subscription_id: r.try_get_unchecked("subscription_id")?,
+        id: r.try_get_unchecked::<String, _>("id")?.into(),
+        subscription_id: r.try_get_unchecked::<String, _>("subscription_id")?.into(),
         event_id: r.try_get_unchecked("event_id")?,
         event_type: r.try_get_unchecked("event_type")?,
         task_id: r.try_get_unchecked("task_id")?,

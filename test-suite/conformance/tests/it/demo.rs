@@ -186,7 +186,7 @@ async fn another_programs_event_is_refused_and_the_demo_still_succeeds() {
                 .try_get_unchecked(0)
                 .unwrap();
         let deliveries = client
-            .list_deliveries(&sub, &DeliveryFilter::default())
+            .list_deliveries(&sub.into(), &DeliveryFilter::default())
             .await
             .unwrap();
         let foreign: Vec<_> = deliveries.iter().filter(|d| d.task_id != task).collect();
@@ -270,7 +270,7 @@ async fn consume_refuses_a_subscription_of_another_queue() {
     let mut env = orbit.receiver_env();
     env[1].1 = other_file.display().to_string();
     env.push(("ORBIT_QUEUE_ID", QUEUE.into()));
-    env.push(("ORBIT_SUBSCRIPTION_ID", sub.id.clone()));
+    env.push(("ORBIT_SUBSCRIPTION_ID", sub.id.to_string()));
     let out = run(&mut receiver(&["consume"], &env));
     assert_eq!(out.status.code(), Some(1));
     let stderr = text(&out.stderr);
@@ -290,7 +290,7 @@ async fn consume_refuses_an_apply_budget_that_leaves_the_lease_no_second_for_the
         .await
         .unwrap();
     let mut env = orbit.receiver_env();
-    env.push(("ORBIT_SUBSCRIPTION_ID", sub.id.clone()));
+    env.push(("ORBIT_SUBSCRIPTION_ID", sub.id.to_string()));
     env.push(("RECEIVER_APPLY_TIMEOUT", "4500ms".into()));
     let out = run(&mut receiver(&["consume"], &env));
     assert_eq!(out.status.code(), Some(1));
@@ -378,7 +378,7 @@ async fn consume_stops_within_ten_seconds_while_a_handler_waits_on_a_row_lock() 
         .await
         .unwrap();
     let mut env = orbit.receiver_env();
-    env.push(("ORBIT_SUBSCRIPTION_ID", sub.id.clone()));
+    env.push(("ORBIT_SUBSCRIPTION_ID", sub.id.to_string()));
 
     // A result body with a recognisable string: it must never be printed.
     let secret_task = client.submit_task(QUEUE, None).await.unwrap();

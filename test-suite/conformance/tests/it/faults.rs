@@ -12,12 +12,12 @@ use conformance::{
     OwnServerReceiver, QUEUE,
 };
 use orbit_sdk::wire::DeliveryInfo;
-use orbit_sdk::Client;
+use orbit_sdk::{Client, DeliveryId, SubscriptionId};
 use serde_json::json;
 use sqlx::{Connection, Executor, MySqlConnection};
 
 /// The only delivery of `event_id`.
-async fn only_delivery(orbit: &OrbitDev, sub: &str, event_id: &str) -> DeliveryInfo {
+async fn only_delivery(orbit: &OrbitDev, sub: &SubscriptionId, event_id: &str) -> DeliveryInfo {
     let mut d = orbit.deliveries_of(sub, event_id).await;
     assert_eq!(d.len(), 1, "one delivery of {event_id}: {d:?}");
     d.remove(0)
@@ -26,7 +26,7 @@ async fn only_delivery(orbit: &OrbitDev, sub: &str, event_id: &str) -> DeliveryI
 /// Waits until delivery `id` is in `state`; the delivery.
 async fn delivery_reaches(
     client: &Client,
-    id: &str,
+    id: &DeliveryId,
     state: &str,
     within: Duration,
 ) -> DeliveryInfo {
@@ -265,7 +265,10 @@ async fn a_lost_ack_and_a_killed_process_end_in_a_dedup_after_the_lease() {
     let hit = first
         .wait_barrier("after_ack_sent", Duration::from_secs(20))
         .await;
-    let delivery = client.get_delivery(&hit.key).await.unwrap();
+    let delivery = client
+        .get_delivery(&DeliveryId::from(hit.key.as_str()))
+        .await
+        .unwrap();
     first.sigkill();
     assert_eq!(
         orbit.view(&task).await,
@@ -316,7 +319,13 @@ async fn a_lost_ack_reply_and_a_killed_process_leave_the_delivery_acked_once() {
     let hit = first
         .wait_barrier("after_ack_sent", Duration::from_secs(20))
         .await;
-    let acked = delivery_reaches(&client, &hit.key, "ACKED", Duration::from_secs(10)).await;
+    let acked = delivery_reaches(
+        &client,
+        &hit.key.as_str().into(),
+        "ACKED",
+        Duration::from_secs(10),
+    )
+    .await;
     first.sigkill();
     assert_eq!(acked.attempts, 1);
 
@@ -630,7 +639,7 @@ fn crash_loop_seed() -> u64 {
 async fn produce(
     orbit: &OrbitDev,
     client: &Client,
-    sub: &str,
+    sub: &SubscriptionId,
     tasks: &mut Vec<String>,
     rng: &mut Rng,
     fresh: bool,
@@ -838,7 +847,7 @@ async fn crash_loop_of_twenty_kills_loses_nothing_and_applies_nothing_twice() {
 async fn check_consistency(
     orbit: &OrbitDev,
     client: &Client,
-    sub: &str,
+    sub: &SubscriptionId,
     tasks: &[String],
     seed: u64,
 ) -> usize {

@@ -286,7 +286,7 @@ async fn inspect_shows_an_expired_delivery_and_survives_the_platform_going_down(
     }
 
     let mut env = orbit.receiver_env();
-    env.push(("ORBIT_SUBSCRIPTION_ID", sub.id.clone()));
+    env.push(("ORBIT_SUBSCRIPTION_ID", sub.id.to_string()));
     let out = receiver(&["inspect", "--task-id", &task.id], &env, None);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let stdout = text(&out.stdout);

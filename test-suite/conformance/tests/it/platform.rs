@@ -8,12 +8,14 @@ use std::time::{Duration, Instant};
 
 use conformance::{cancelled_task, eventually, http_raw, OrbitDev, QUEUE};
 use futures_util::{SinkExt, StreamExt};
-use orbit_sdk::{AckResult, Client, ConsumerEvent, DeliveryFilter, EventConsumer};
+use orbit_sdk::{
+    AckResult, Client, ConsumerEvent, DeliveryFilter, DeliveryId, EventConsumer, SubscriptionId,
+};
 use serde_json::{json, Value};
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::Message;
 
-async fn deliveries(client: &Client, sub: &str) -> Vec<orbit_sdk::wire::DeliveryInfo> {
+async fn deliveries(client: &Client, sub: &SubscriptionId) -> Vec<orbit_sdk::wire::DeliveryInfo> {
     client
         .list_deliveries(sub, &DeliveryFilter::default())
         .await
@@ -124,7 +126,10 @@ async fn lease_expiry_redelivers_with_a_new_proof_and_acks_are_checked() {
     .await;
     assert_eq!(next_raw(&mut ws).await["result"], "already_acked");
 
-    let d = client.get_delivery(&id).await.unwrap();
+    let d = client
+        .get_delivery(&DeliveryId::from(id.as_str()))
+        .await
+        .unwrap();
     assert_eq!((d.state.as_str(), d.attempts), ("ACKED", 2));
 }
 
@@ -539,7 +544,7 @@ async fn a_killed_platform_comes_back_and_nothing_is_lost_or_acked_twice() {
                 {
                     acks.lock()
                         .unwrap()
-                        .entry(delivery_id)
+                        .entry(delivery_id.into_string())
                         .or_default()
                         .push(result);
                 }
@@ -776,7 +781,7 @@ async fn a_discarded_delivery_frees_its_slot_of_the_window_and_never_comes_again
         let seen = seen.clone();
         EventConsumer::new(client.clone(), sub.id.clone()).start(move |d| {
             let refuse = d.event_json().contains(&never);
-            seen.lock().unwrap().push(d.delivery_id.clone());
+            seen.lock().unwrap().push(d.delivery_id.to_string());
             async move {
                 if refuse {
                     Err("refused every time")
@@ -819,7 +824,7 @@ async fn a_discarded_delivery_frees_its_slot_of_the_window_and_never_comes_again
         seen.lock()
             .unwrap()
             .iter()
-            .filter(|id| **id == stuck.id)
+            .filter(|id| stuck.id == **id)
             .count(),
         1
     );

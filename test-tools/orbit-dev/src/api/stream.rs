@@ -108,7 +108,7 @@ async fn lease_one(p: &Platform, sub: &str) -> Result<Lease, sqlx::Error> {
     let event = RawValue::from_string(String::from_utf8_lossy(&body).into_owned())
         .map_err(|e| sqlx::Error::Decode(Box::new(e)))?;
     Ok(Lease::Leased(ServerMessage::Delivery {
-        delivery_id,
+        delivery_id: delivery_id.into(),
         attempt,
         proof: orbit_sdk::wire::LeaseProof::new(proof),
         lease_expires_at: expires,
