@@ -100,7 +100,7 @@ pub struct DeliveryRow {
 }
 
 /// What `inspect` asks.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Target {
     Event(EventId),
     Task(TaskId),

@@ -11,6 +11,7 @@
 //! token, a password, a result body or a lease proof, or read the environment outside
 //! [`config`].
 
+pub mod cli;
 pub mod config;
 pub mod consume;
 pub mod delivery;

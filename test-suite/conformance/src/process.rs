@@ -1,5 +1,6 @@
-//! `receiver consume` as a real process, in its normal build or in the fault build
-//! (`receiver-faults`, with barriers armed), and the real signals a fault test sends it.
+//! Child processes of the suites and the kit ([`Proc`]), and `receiver consume` as one
+//! ([`Consumer`]): in its normal build or in the fault build (`receiver-faults`, with barriers
+//! armed), and the real signals a fault test sends it.
 //!
 //! Every process here is started with `testdb::spawn_tied`, so it dies with the test process
 //! even when that is killed; its stdout and stderr go to one log file in the test process's
@@ -7,13 +8,14 @@
 
 use std::fs;
 use std::io::Write;
+use std::os::unix::process::CommandExt;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, ExitStatus, Stdio};
+use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use nix::sys::signal::{kill, Signal};
+use nix::sys::signal::{kill, killpg, Signal};
 use nix::unistd::Pid;
 
 use crate::workspace_bin;
@@ -66,16 +68,130 @@ impl Hit {
     }
 }
 
+/// A process a test or the kit started: stdout and stderr in one log file, tied to this process
+/// (it dies with it, see `testdb::spawn_tied`), SIGKILLed and reaped on drop. Started as a
+/// process group of its own ([`Proc::start_group`]) it takes signals as a group, and it has
+/// ended only when every process of the group has: a command line run with `sh -c` keeps the
+/// shell as the parent of the program, and the shell can die of a signal before the program
+/// has finished reacting to it.
+#[derive(Debug)]
+pub struct Proc {
+    child: Child,
+    log: PathBuf,
+    group: bool,
+    status: Option<ExitStatus>,
+}
+
+impl Proc {
+    /// Starts `cmd` with its output to a new file at `log`.
+    pub fn start(cmd: Command, log: PathBuf) -> Proc {
+        Self::spawn(cmd, log, false)
+    }
+
+    /// [`Proc::start`] in a process group of its own.
+    pub fn start_group(mut cmd: Command, log: PathBuf) -> Proc {
+        cmd.process_group(0);
+        Self::spawn(cmd, log, true)
+    }
+
+    fn spawn(mut cmd: Command, log: PathBuf, group: bool) -> Proc {
+        let out = fs::File::create(&log).expect("a log file");
+        cmd.stdout(out.try_clone().expect("a log file")).stderr(out);
+        Proc {
+            child: crate::spawn(cmd),
+            log,
+            group,
+            status: None,
+        }
+    }
+
+    /// The process id (of the group's leader, for a group).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Where its output goes.
+    pub fn log(&self) -> &Path {
+        &self.log
+    }
+
+    /// Everything it printed so far.
+    pub fn output(&self) -> String {
+        fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Its standard input, if the command was given a pipe (once).
+    pub fn take_stdin(&mut self) -> Option<ChildStdin> {
+        self.child.stdin.take()
+    }
+
+    /// Sends `signal` to the process, or to its group.
+    pub fn signal(&self, signal: Signal) -> nix::Result<()> {
+        let pid = Pid::from_raw(self.pid() as i32);
+        if self.group {
+            killpg(pid, signal)
+        } else {
+            kill(pid, signal)
+        }
+    }
+
+    /// How it ended, once it has (and, for a group, once every process of it has).
+    pub fn try_wait(&mut self) -> Option<ExitStatus> {
+        if self.status.is_none() {
+            self.status = self.child.try_wait().ok().flatten();
+        }
+        match self.status {
+            Some(_) if self.group && testdb::group_alive(self.child.id()) => None,
+            status => status,
+        }
+    }
+
+    /// Waits up to `within` for it to end; how it ended, or `None` if it is still running.
+    pub async fn wait_within(&mut self, within: Duration) -> Option<ExitStatus> {
+        let end = Instant::now() + within;
+        loop {
+            if let Some(status) = self.try_wait() {
+                return Some(status);
+            }
+            if Instant::now() >= end {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Waits for it to end, blocking the thread.
+    pub fn wait(&mut self) -> ExitStatus {
+        if let Some(s) = self.status {
+            return s;
+        }
+        let status = self.child.wait().expect("wait for a child process");
+        self.status = Some(status);
+        status
+    }
+
+    /// SIGKILL, then waits (up to 10 s) for it to end.
+    pub async fn kill(&mut self) {
+        let _ = self.signal(Signal::SIGKILL);
+        let _ = self.wait_within(Duration::from_secs(10)).await;
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if self.status.is_none() || self.group {
+            let _ = self.signal(Signal::SIGKILL);
+            let _ = self.child.wait();
+        }
+    }
+}
+
 /// A running `receiver consume`. Killed (SIGKILL) on drop if still running.
 #[derive(Debug)]
 pub struct Consumer {
-    child: Option<Child>,
+    proc: Proc,
     stdin: Option<ChildStdin>,
-    /// stdout and stderr, interleaved.
-    pub log: PathBuf,
     report: PathBuf,
-    /// How the process ended, once it has.
-    status: Option<ExitStatus>,
 }
 
 fn scratch_file(stem: &str) -> PathBuf {
@@ -97,37 +213,31 @@ impl Consumer {
     }
 
     fn spawn(bin: &Path, env: &[(&str, String)], barriers: Option<&str>) -> Consumer {
-        let log = scratch_file("consume.log");
         let report = scratch_file("barriers");
-        let out = fs::File::create(&log).expect("log file");
         let mut cmd = crate::bare_command(bin);
         cmd.arg("consume")
             .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
-            .stdin(Stdio::piped())
-            .stdout(out.try_clone().expect("log file"))
-            .stderr(out);
+            .stdin(Stdio::piped());
         if let Some(b) = barriers {
             cmd.env("RECEIVER_FAULT_BARRIERS", b)
                 .env("RECEIVER_FAULT_REPORT", &report);
         }
-        let mut child = crate::spawn(cmd);
+        let mut proc = Proc::start(cmd, scratch_file("consume.log"));
         Consumer {
-            stdin: child.stdin.take(),
-            child: Some(child),
-            log,
+            stdin: proc.take_stdin(),
+            proc,
             report,
-            status: None,
         }
     }
 
     /// The process id.
     pub fn pid(&self) -> u32 {
-        self.child.as_ref().map_or(0, Child::id)
+        self.proc.pid()
     }
 
     /// Everything the process printed so far.
     pub fn output(&self) -> String {
-        fs::read_to_string(&self.log).unwrap_or_default()
+        self.proc.output()
     }
 
     /// Every barrier hit reported so far.
@@ -172,18 +282,14 @@ impl Consumer {
 
     /// The exit status, if the process has ended.
     pub fn try_wait(&mut self) -> Option<ExitStatus> {
-        if self.status.is_none() {
-            if let Some(child) = self.child.as_mut() {
-                self.status = child.try_wait().ok().flatten();
-            }
-        }
-        self.status
+        self.proc.try_wait()
     }
 
     /// Sends `signal` to the process.
     pub fn signal(&self, signal: Signal) {
-        let pid = Pid::from_raw(self.pid() as i32);
-        kill(pid, signal).unwrap_or_else(|e| panic!("kill -{signal} {pid}: {e}"));
+        self.proc
+            .signal(signal)
+            .unwrap_or_else(|e| panic!("kill -{signal} {}: {e}", self.pid()));
     }
 
     /// SIGKILL, then waits for the exit and checks that the signal ended it; the output.
@@ -191,7 +297,7 @@ impl Consumer {
         if self.try_wait().is_none() {
             self.signal(Signal::SIGKILL);
         }
-        let status = self.wait();
+        let status = self.proc.wait();
         assert_eq!(
             status.signal(),
             Some(Signal::SIGKILL as i32),
@@ -215,42 +321,20 @@ impl Consumer {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         self.signal(Signal::SIGTERM);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while self.try_wait().is_none() {
-            assert!(
-                Instant::now() < deadline,
-                "consume did not exit within 10 s of SIGTERM; its output:\n{}",
-                self.output()
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        let status = self.wait();
+        assert!(
+            self.proc
+                .wait_within(Duration::from_secs(10))
+                .await
+                .is_some(),
+            "consume did not exit within 10 s of SIGTERM; its output:\n{}",
+            self.output()
+        );
+        let status = self.proc.wait();
         assert!(
             status.success(),
             "consume ended with {status} after SIGTERM; its output:\n{}",
             self.output()
         );
         self.output()
-    }
-
-    fn wait(&mut self) -> ExitStatus {
-        if let Some(s) = self.status {
-            return s;
-        }
-        let child = self.child.as_mut().expect("a child");
-        let status = child.wait().expect("wait for the consumer");
-        self.status = Some(status);
-        status
-    }
-}
-
-impl Drop for Consumer {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            if self.status.is_none() {
-                let _ = c.kill();
-                let _ = c.wait();
-            }
-        }
     }
 }

@@ -1,0 +1,187 @@
+//! The receiver's database as a test gets it: provisioned on the shared server (or a server
+//! of the test's own), initialised the way a DBA and `receiver init` would, and stores on it.
+
+use result_inbox::store::StoreOptions;
+use result_inbox::Dsn;
+use result_inbox::{ConsumerName, QueueId, Store};
+use sqlx::{Connection, MySqlConnection};
+use testdb::{Provisioned, Server};
+
+use crate::*;
+
+/// A receiver database with its schema created by `result_inbox::schema::init` (as the init
+/// account) and the runtime grants applied, on the process's shared server.
+#[derive(Debug)]
+pub struct ReceiverDb {
+    pub db: Provisioned,
+}
+
+impl ReceiverDb {
+    /// Provisions fresh databases and accounts and initialises the receiver schema.
+    pub async fn new() -> ReceiverDb {
+        let db = Self::provisioned().await;
+        let dsn = Dsn::parse(db.init_url().expose()).expect("testdb makes valid URLs");
+        let report = result_inbox::schema::init(&dsn)
+            .await
+            .unwrap_or_else(|e| panic!("receiver init failed: {e}"));
+        assert_eq!(report.foreign_keys, 0);
+        db.grant_runtime().await.expect("runtime grants apply");
+        ReceiverDb { db }
+    }
+
+    /// Fresh databases and accounts, without the receiver schema.
+    pub async fn provisioned() -> Provisioned {
+        let server = Server::shared().unwrap_or_else(|e| panic!("no test server: {e}"));
+        server
+            .provision()
+            .await
+            .unwrap_or_else(|e| panic!("provisioning failed: {e}"))
+    }
+
+    /// The runtime account's DSN.
+    pub fn runtime_dsn(&self) -> Dsn {
+        Dsn::parse(self.db.runtime_url().expose()).expect("testdb makes valid URLs")
+    }
+
+    /// A store for `consumer` and `queue`, connected as the runtime account.
+    pub async fn store_for(&self, consumer: &str, queue: &str) -> Store {
+        let options = StoreOptions {
+            max_connections: 16,
+            ..StoreOptions::default()
+        };
+        Store::connect(
+            &self.runtime_dsn(),
+            ConsumerName::new(consumer).expect("valid consumer name"),
+            QueueId::new(queue).expect("valid queue"),
+            options,
+        )
+        .await
+        .unwrap_or_else(|e| panic!("store connect failed: {e}"))
+    }
+
+    /// The runtime account's DSN with the server address replaced by `via` (a proxy).
+    pub fn runtime_dsn_via(&self, via: std::net::SocketAddr) -> Dsn {
+        let url = self
+            .db
+            .runtime_url()
+            .expose()
+            .replace(self.db.address(), &via.to_string());
+        Dsn::parse(&url).expect("testdb makes valid URLs")
+    }
+
+    /// A store like [`ReceiverDb::store`] whose connections go through `via` (a proxy).
+    pub async fn store_via(&self, via: std::net::SocketAddr) -> Store {
+        self.store_via_with(via, result_inbox::store::APPLY_TIMEOUT)
+            .await
+    }
+
+    /// [`ReceiverDb::store_via`] with an apply time budget of `budget`.
+    pub async fn store_via_with(
+        &self,
+        via: std::net::SocketAddr,
+        budget: std::time::Duration,
+    ) -> Store {
+        Store::connect(
+            &self.runtime_dsn_via(via),
+            ConsumerName::default(),
+            QueueId::new(QUEUE).expect("valid queue"),
+            StoreOptions {
+                apply_timeout: budget,
+                ..StoreOptions::default()
+            },
+        )
+        .await
+        .unwrap_or_else(|e| panic!("store connect through {via} failed: {e}"))
+    }
+
+    /// The default store: consumer `task-result-view`, queue [`QUEUE`].
+    pub async fn store(&self) -> Store {
+        self.store_for("task-result-view", QUEUE).await
+    }
+
+    /// One integer read by an admin connection on the receiver database, e.g. a `COUNT(*)`.
+    pub async fn scalar(&self, sql: &str) -> i64 {
+        let mut admin = self.admin().await;
+        sqlx::query(sql)
+            .fetch_one(&mut admin)
+            .await
+            .and_then(|r| sqlx::Row::try_get(&r, 0))
+            .unwrap_or_else(|e| panic!("{sql}: {e}"))
+    }
+
+    /// (inbox rows, inbox rows with `applied = 1`).
+    pub async fn inbox_counts(&self) -> (i64, i64) {
+        (
+            self.scalar("SELECT COUNT(*) FROM receiver_inbox").await,
+            self.scalar("SELECT COUNT(*) FROM receiver_inbox WHERE applied = 1")
+                .await,
+        )
+    }
+
+    /// A proxy in front of this database's server.
+    pub async fn proxy(&self) -> commit_proxy::Proxy {
+        commit_proxy::Proxy::start("127.0.0.1:0", self.db.address())
+            .await
+            .expect("the proxy starts")
+    }
+
+    /// An admin connection on the receiver database, for inspecting and interfering.
+    pub async fn admin(&self) -> MySqlConnection {
+        MySqlConnection::connect(self.db.admin_receiver_url().expose())
+            .await
+            .expect("admin connects")
+    }
+}
+
+/// A receiver whose database lives on a local server of its own (so that a test may stop,
+/// kill or restart it without harming any other test), a platform started with `args`, a
+/// subscription to `types` on [`QUEUE`], and the environment `receiver consume` needs.
+#[derive(Debug)]
+pub struct OwnServerReceiver {
+    pub orbit: OrbitDev,
+    pub client: orbit_sdk::Client,
+    pub sub: orbit_sdk::wire::Subscription,
+    pub env: Vec<(&'static str, String)>,
+    pub receiver_db: Provisioned,
+    /// Declared last: dropped after everything that uses it.
+    pub server: Server,
+}
+
+impl OwnServerReceiver {
+    pub async fn start(args: &[&str], types: &[&str]) -> OwnServerReceiver {
+        let server = Server::local().expect("a local server");
+        let receiver_db = server.provision().await.expect("provisioned");
+        let init = Dsn::parse(receiver_db.init_url().expose()).expect("testdb makes valid URLs");
+        result_inbox::schema::init(&init)
+            .await
+            .expect("receiver tables created");
+        receiver_db
+            .grant_runtime()
+            .await
+            .expect("runtime grants given");
+        let orbit = OrbitDev::start(args).await;
+        let client = orbit.client();
+        let sub = client
+            .create_subscription(QUEUE, types)
+            .await
+            .expect("subscription created");
+        let mut env: Vec<(&'static str, String)> = orbit
+            .receiver_env()
+            .into_iter()
+            .filter(|(k, _)| *k != "ORBIT_RECEIVER_DSN")
+            .collect();
+        env.push((
+            "ORBIT_RECEIVER_DSN",
+            receiver_db.runtime_url().expose().to_owned(),
+        ));
+        env.push(("ORBIT_SUBSCRIPTION_ID", sub.id.to_string()));
+        OwnServerReceiver {
+            orbit,
+            client,
+            sub,
+            env,
+            receiver_db,
+            server,
+        }
+    }
+}

@@ -1,0 +1,47 @@
+//! Enough of an HTTP client to drive a control interface the way a test in any language
+//! would: one request, raw bytes.
+
+/// One HTTP/1.1 request with a JSON body to `addr`; the status and the JSON reply. Enough of
+/// a client to drive a control interface the way a test in any language would.
+pub fn http_json(
+    addr: &str,
+    method: &str,
+    path: &str,
+    body: Option<&serde_json::Value>,
+) -> (u16, serde_json::Value) {
+    let (status, text) = http_raw(addr, method, path, None, body);
+    let json =
+        serde_json::from_str(text.trim()).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"));
+    (status, json)
+}
+
+/// One raw HTTP/1.1 request, optionally with a bearer token; the status and the body text.
+pub fn http_raw(
+    addr: &str,
+    method: &str,
+    path: &str,
+    bearer: Option<&str>,
+    body: Option<&serde_json::Value>,
+) -> (u16, String) {
+    use std::io::{Read, Write};
+    let body = body.map(|b| b.to_string()).unwrap_or_default();
+    let auth = bearer
+        .map(|t| format!("Authorization: Bearer {t}\r\n"))
+        .unwrap_or_default();
+    let mut stream = std::net::TcpStream::connect(addr).expect("the server answers");
+    write!(
+        stream,
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\n{auth}Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .expect("request written");
+    let mut reply = String::new();
+    stream.read_to_string(&mut reply).expect("reply read");
+    let (head, body) = reply.split_once("\r\n\r\n").expect("an HTTP reply");
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .expect("a status code");
+    (status, body.to_owned())
+}

@@ -1,0 +1,282 @@
+//! Cases with a fault the kit makes: a kill after COMMIT, the answer to COMMIT held or lost by
+//! the proxy, the database killed and started again, and a seeded crash loop.
+
+use std::time::{Duration, Instant};
+
+use commit_proxy::{Action, RuleSpec};
+use orbit_sdk::DeliveryId;
+
+use crate::kit::world::*;
+use crate::kit::*;
+use crate::QUEUE;
+
+pub(crate) async fn kill_after_commit(ctx: Ctx) -> Verdict {
+    // R-FAULT-4 names the real lease.
+    let mut w = World::start(&ctx, 30).await;
+    let mut p = w.running().await?;
+    // The ACK arrives at the platform and is never handled: the kill lands before it counts.
+    w.fault(serde_json::json!({"fault": "stall-next-ack"}));
+    let (task, key) = w.cancelled_task().await;
+    w.committed(&key).await?;
+    let id = w.deliveries_of(&key).await[0].clone();
+    let d = w.delivery(&id).await;
+    ensure!(
+        d.state == "LEASED" && d.attempts == 1,
+        "R-FAULT-4: after the commit the delivery should be LEASED at attempt 1, not yet ACKed; it is {} at attempt {}",
+        d.state,
+        d.attempts
+    );
+    p.kill().await;
+    let _q = w.consume();
+    w.acked(
+        std::slice::from_ref(&id),
+        Duration::from_secs(75),
+        "R-FAULT-4 (the redelivery after the lease is ACKed)",
+    )
+    .await?;
+    let d = w.delivery(&id).await;
+    let view = w.view(&task).await.ok_or("R-STORE-5: no view")?;
+    let rows = w.inbox(&key).await.len();
+    ensure!(
+        d.attempts == 2 && view.applied_events == 1 && rows == 1,
+        "R-FAULT-4: after the kill and the redelivery: attempts {} (want 2), applied_events {} (want 1), inbox rows {rows} (want 1)",
+        d.attempts,
+        view.applied_events
+    );
+    Ok("killed after COMMIT; redelivered after 30 s: attempts 2, applied_events 1".into())
+}
+
+/// How long `ack-after-commit` holds the server's answer to COMMIT.
+const HELD_MS: u64 = 1500;
+
+/// Milliseconds since the Unix epoch, the clock of commit-proxy's firings.
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_millis() as u64
+}
+
+pub(crate) async fn ack_after_commit(ctx: Ctx) -> Verdict {
+    // A lease long enough for an apply budget above the held answer.
+    let mut w = World::start(&ctx, 5).await;
+    let proxy = w.behind_proxy().await;
+    let rule = proxy
+        .arm(RuleSpec::new(Action::Delay { delay_ms: HELD_MS }).once())
+        .expect("the rule arms");
+    let _p = w.running().await?;
+    let (task, key) = w.cancelled_task().await;
+    let id = w.deliveries_of(&key).await[0].clone();
+    let held = rule
+        .fired_within(Duration::from_secs(20))
+        .await
+        .ok_or("R-STORE-7: the receiver sent no COMMIT through its DSN within 20 s")?;
+    // The server has answered; the proxy holds the answer for HELD_MS from `held.at_ms`. Watch
+    // the delivery for the first two thirds of that (a read started later could be answered
+    // after a right receiver's ACK).
+    let watch_until = held.at_ms + HELD_MS * 2 / 3;
+    loop {
+        let started = unix_ms();
+        if started >= watch_until {
+            break;
+        }
+        ensure!(
+            w.delivery(&id).await.state != "ACKED",
+            "R-STORE-7: the delivery was ACKed before the receiver had the answer to its COMMIT: ACK only after COMMIT succeeds"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    w.acked(
+        std::slice::from_ref(&id),
+        Duration::from_secs(30),
+        "R-STORE-7 (ACKed once the COMMIT is confirmed)",
+    )
+    .await?;
+    let view = w.view(&task).await.ok_or("R-STORE-5: no view")?;
+    ensure!(
+        view.applied_events == 1,
+        "R-STORE-7: applied_events {} after one event",
+        view.applied_events
+    );
+    Ok(format!(
+        "not ACKed while the COMMIT's answer was held; ACKed at attempt {} afterwards",
+        w.delivery(&id).await.attempts
+    ))
+}
+
+pub(crate) async fn commit_lost(ctx: Ctx) -> Verdict {
+    let mut w = World::start(&ctx, SHORT_LEASE).await;
+    let proxy = w.behind_proxy().await;
+    let rule = proxy
+        .arm(RuleSpec::new(Action::DropCommitOk).once())
+        .expect("the rule arms");
+    let _p = w.running().await?;
+    let (task, key) = w.cancelled_task().await;
+    let id = w.deliveries_of(&key).await[0].clone();
+    // Watch the delivery until the proxy drops the answer: an ACK seen before the drop came
+    // before the COMMIT was answered at all (R-STORE-7). One seen only after it, at the first
+    // attempt, came without an answer: most likely a COMMIT of unknown outcome taken as
+    // success (R-STORE-8), though an ACK racing ahead of its COMMIT can land there too.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while rule.firings().is_empty() {
+        ensure!(
+            w.delivery(&id).await.state != "ACKED" || !rule.firings().is_empty(),
+            "R-STORE-7: the delivery was ACKed before its COMMIT was answered: ACK only after COMMIT succeeds"
+        );
+        ensure!(
+            Instant::now() < deadline,
+            "R-STORE-7: the receiver sent no COMMIT through its DSN within 20 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let at_drop = w.delivery(&id).await;
+    ensure!(
+        at_drop.state != "ACKED" || at_drop.attempts >= 2,
+        "R-STORE-8: the delivery was ACKed at attempt 1 although the answer to its COMMIT was lost on the way: a COMMIT of unknown outcome must not be ACKed (nor may an ACK precede the COMMIT, R-STORE-7)"
+    );
+    w.acked(
+        std::slice::from_ref(&id),
+        Duration::from_secs(40),
+        "R-STORE-8 (the lost commit is resolved by a redelivery)",
+    )
+    .await?;
+    let d = w.delivery(&id).await;
+    ensure!(
+        d.attempts >= 2,
+        "R-STORE-8: the delivery was ACKed at attempt 1 although the answer to its COMMIT never came (CommitUnconfirmed must not be ACKed)"
+    );
+    let view = w.view(&task).await.ok_or("R-STORE-5: no view")?;
+    let rows = w.inbox(&key).await.len();
+    ensure!(
+        view.applied_events == 1 && rows == 1,
+        "R-STORE-8: after the lost COMMIT reply: applied_events {}, inbox rows {rows}; the redelivery must find the commit (a duplicate)",
+        view.applied_events
+    );
+    Ok(format!(
+        "no ACK at the lost reply; ACKed at attempt {} as a duplicate, applied_events 1",
+        d.attempts
+    ))
+}
+
+pub(crate) async fn database_restart(ctx: Ctx) -> Verdict {
+    let mut w = World::with_own_server(&ctx, SHORT_LEASE).await;
+    let _p = w.running().await?;
+    let (first, key) = w.cancelled_task().await;
+    w.acked(
+        &w.deliveries_of(&key).await,
+        Duration::from_secs(30),
+        "R-STORE-7",
+    )
+    .await?;
+    ensure!(
+        w.own_server().kill(),
+        "the kit could not kill the receiver's server"
+    );
+    let mut tasks = vec![first];
+    for _ in 0..6 {
+        tasks.push(crate::cancelled_task(&w.client).await);
+    }
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    w.own_server()
+        .restart()
+        .expect("the receiver's server starts again");
+    let ids: Vec<DeliveryId> = w.deliveries().await.into_iter().map(|d| d.id).collect();
+    w.acked(
+        &ids,
+        Duration::from_secs(60),
+        "R-STORE-9 (after the database is back, every event is applied)",
+    )
+    .await?;
+    let expired = w
+        .deliveries()
+        .await
+        .iter()
+        .filter(|d| d.state == "EXPIRED")
+        .count();
+    ensure!(
+        expired == 0,
+        "R-STORE-9: {expired} deliveries EXPIRED during the outage"
+    );
+    ledger(&w, &tasks, "R-STORE-9").await?;
+    let most = w
+        .deliveries()
+        .await
+        .iter()
+        .map(|d| d.attempts)
+        .max()
+        .unwrap_or(0);
+    Ok(format!(
+        "{} events across an 8 s outage: all ACKED, each applied once; at most {most} attempts",
+        ids.len()
+    ))
+}
+
+/// The ledger of [`crate::check_ledger`], its panic turned into a message naming `rule`.
+async fn ledger(w: &World, tasks: &[String], rule: &str) -> Result<crate::Ledger, String> {
+    let mut admin = w.admin().await;
+    let client = w.client.clone();
+    let (sub, tasks) = (w.sub.clone(), tasks.to_vec());
+    let rule = rule.to_owned();
+    tokio::spawn(async move { crate::check_ledger(&mut admin, &client, &sub, &tasks, &rule).await })
+        .await
+        .map_err(|e| {
+            let why = e
+                .try_into_panic()
+                .ok()
+                .and_then(|p| p.downcast_ref::<String>().cloned())
+                .unwrap_or_default();
+            format!("ledger: {}", why.lines().next().unwrap_or("failed"))
+        })
+}
+
+pub(crate) async fn crash_loop(ctx: Ctx) -> Verdict {
+    let mut rng = fastrand::Rng::with_seed(ctx.seed);
+    let mut w = World::start(&ctx, 2).await;
+    w.init().await?;
+    let mut tasks = Vec::new();
+    let mut p = w.consume();
+    let mut kills = 0;
+    for round in 0..6 {
+        // Two versions per task (RUNNING, then CANCELLED), some duplicated: out of order
+        // within the receiver's concurrency, and again after a redelivery.
+        for _ in 0..2 {
+            let t = w
+                .client
+                .submit_task(QUEUE, None)
+                .await
+                .expect("task submitted");
+            w.client
+                .report_task(&t.id, "RUNNING", None)
+                .await
+                .expect("task reported");
+            w.client.cancel_task(&t.id).await.expect("task cancelled");
+            if rng.bool() {
+                let key = w.wait_event_of(&t.id, "task.started").await;
+                w.fault(serde_json::json!({"fault": "duplicate-event", "event_id": key}));
+            }
+            tasks.push(t.id);
+        }
+        tokio::time::sleep(Duration::from_millis(rng.u64(300..2000))).await;
+        if round < 5 {
+            p.kill().await;
+            kills += 1;
+            p = w.consume();
+        }
+    }
+    let ids: Vec<DeliveryId> = w.deliveries().await.into_iter().map(|d| d.id).collect();
+    w.acked(
+        &ids,
+        Duration::from_secs(90),
+        "R-FAULT-4 (after the kills every delivery is ACKed)",
+    )
+    .await?;
+    let l = ledger(&w, &tasks, "R-STORE-4/R-STORE-6").await?;
+    Ok(format!(
+        "seed {}: {kills} SIGKILLs, {} deliveries of {} events over {} tasks, {} stale; the ledger holds",
+        ctx.seed,
+        l.deliveries,
+        l.events,
+        tasks.len(),
+        l.stale
+    ))
+}

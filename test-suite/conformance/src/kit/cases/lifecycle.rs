@@ -1,0 +1,188 @@
+//! Cases on how the program starts and stops, and what it prints: the queue check at start,
+//! SIGTERM, and no secrets in the output.
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use commit_proxy::{Action, RuleSpec};
+use nix::sys::signal::Signal;
+use result_inbox::Digest;
+
+use crate::kit::world::*;
+use crate::kit::*;
+use crate::QUEUE;
+
+pub(crate) async fn queue_mismatch(ctx: Ctx) -> Verdict {
+    let mut w = World::start(&ctx, SHORT_LEASE).await;
+    w.init().await?;
+    // The same credentials, naming another queue: the token can read the subscription, so
+    // only the receiver's own comparison of the two queues can refuse.
+    let other = other_queue_credentials(&w.orbit.credentials_file, OTHER_QUEUE)?;
+    let (_, key) = w.cancelled_task().await;
+    let id = w.deliveries_of(&key).await[0].clone();
+    let mut env = w.env(&w.dsn.clone());
+    for (k, v) in &mut env {
+        if *k == "ORBIT_CREDENTIALS_FILE" {
+            *v = other.display().to_string();
+        }
+    }
+    let mut p = w.spawn("consume", &env);
+    let end = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        let d = w.delivery(&id).await;
+        ensure!(
+            d.attempts == 0 && w.inbox(&key).await.is_empty(),
+            "R-CLI-3: consume for queue {OTHER_QUEUE} on a subscription of {QUEUE} took its events (delivery {} after {} attempt(s)) instead of refusing to start",
+            d.state,
+            d.attempts
+        );
+        if let Some(status) = p.wait_within(Duration::from_millis(200)).await {
+            break Some(status);
+        }
+        if Instant::now() >= end {
+            break None;
+        }
+    };
+    ensure!(
+        status.is_some_and(|s| !s.success()),
+        "R-CLI-3: consume for queue {OTHER_QUEUE} on a subscription of {QUEUE} must refuse to start; it {}",
+        status.map_or("was still running after 20 s".into(), |s| format!("exited {s}"))
+    );
+    Ok(format!(
+        "refused ({}), nothing taken",
+        status.map(|s| s.to_string()).unwrap_or_default()
+    ))
+}
+
+/// The queue `queue-mismatch` configures the receiver for.
+const OTHER_QUEUE: &str = "kit-other-queue";
+
+/// A copy of the credentials file `from` whose `queue_id` is `queue` (mode 0600, beside it).
+fn other_queue_credentials(from: &std::path::Path, queue: &str) -> Result<PathBuf, String> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let text = std::fs::read_to_string(from)
+        .map_err(|e| format!("the kit cannot read {}: {e}", from.display()))?;
+    let mut credentials: serde_json::Value = serde_json::from_str(&text)
+        .map_err(|e| format!("the kit cannot parse {}: {e}", from.display()))?;
+    credentials["queue_id"] = queue.into();
+    let to = from.with_file_name(format!("{queue}.credentials.json"));
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&to)
+        .and_then(|mut f| f.write_all(credentials.to_string().as_bytes()))
+        .map_err(|e| format!("the kit cannot write {}: {e}", to.display()))?;
+    Ok(to)
+}
+
+pub(crate) async fn sigterm(ctx: Ctx) -> Verdict {
+    let mut w = World::start(&ctx, SHORT_LEASE).await;
+    let mut p = w.running().await?;
+    let (_, key) = w.cancelled_task().await;
+    w.acked(
+        &w.deliveries_of(&key).await,
+        Duration::from_secs(30),
+        "R-STORE-7",
+    )
+    .await?;
+    for _ in 0..4 {
+        crate::cancelled_task(&w.client).await;
+    }
+    let started = Instant::now();
+    let _ = p.signal(Signal::SIGTERM);
+    let status = p.wait_within(Duration::from_secs(10)).await;
+    ensure!(
+        status.is_some(),
+        "R-CLI-3: consume was still running 10 s after SIGTERM"
+    );
+    let sub = w
+        .client
+        .get_subscription(&w.sub)
+        .await
+        .expect("subscription read");
+    ensure!(
+        sub.enabled,
+        "R-CLI-3: consume paused the shared subscription on SIGTERM"
+    );
+    // The shell's status says little here: the signal to the group may end it first.
+    Ok(format!(
+        "every process of the command line ended {:.1} s after SIGTERM; the subscription still enabled",
+        started.elapsed().as_secs_f64()
+    ))
+}
+
+pub(crate) async fn no_secrets(ctx: Ctx) -> Verdict {
+    let mut w = World::start(&ctx, SHORT_LEASE).await;
+    let proxy = w.behind_proxy().await;
+    // A lost COMMIT reply and a refused event make the receiver report errors too.
+    let rule = proxy
+        .arm(RuleSpec::new(Action::DropCommitOk).once())
+        .expect("the rule arms");
+    let mut p = w.running().await?;
+    let (_, key) = w.cancelled_task().await;
+    let _ = rule.fired_within(Duration::from_secs(20)).await;
+    w.acked(
+        &w.deliveries_of(&key).await,
+        Duration::from_secs(40),
+        "R-STORE-8",
+    )
+    .await?;
+    let (_, forged) = w.forge(&key, true, None);
+    tokio::time::sleep(Duration::from_secs(SHORT_LEASE + 1)).await;
+    let _ = p.signal(Signal::SIGTERM);
+    let _ = p.wait_within(Duration::from_secs(10)).await;
+
+    let token = w.orbit.credentials().token.expose().to_owned();
+    let passwords = [
+        w.db().runtime.password.expose().to_owned(),
+        w.db().init.password.expose().to_owned(),
+    ];
+    let mut c = w.platform().await;
+    let proofs: Vec<ProofRow> = sqlx::query_as(
+        "SELECT proof_sha256, acked_proof_sha256 FROM orbit_deliveries WHERE subscription_id = ?",
+    )
+    .bind(w.sub.as_str())
+    .fetch_all(&mut c)
+    .await
+    .expect("proof hashes read");
+    let proofs: BTreeSet<Vec<u8>> = proofs
+        .into_iter()
+        .flat_map(|(a, b)| [a, b])
+        .flatten()
+        .collect();
+    let mut scanned = 0;
+    for log in &w.logs {
+        let out = std::fs::read_to_string(log).unwrap_or_default();
+        scanned += out.len();
+        ensure!(
+            !out.contains(&token),
+            "R-SDK-3: the receiver's output ({}) contains the platform token",
+            log.display()
+        );
+        for pw in &passwords {
+            ensure!(
+                !out.contains(pw.as_str()),
+                "R-STORE-11: the receiver's output ({}) contains a database password",
+                log.display()
+            );
+        }
+        for word in out.split(|c: char| !(c.is_ascii_alphanumeric() || "-_+/=.".contains(c))) {
+            if word.len() >= 16 && proofs.contains(Digest::of(word.as_bytes()).0.as_slice()) {
+                return Err(format!(
+                    "R-SDK-3: the receiver's output ({}) contains a lease proof",
+                    log.display()
+                ));
+            }
+        }
+    }
+    let _ = forged;
+    Ok(format!(
+        "{} bytes of output over {} runs (a lost COMMIT reply and a conflict included): no token, password or lease proof",
+        scanned,
+        w.logs.len()
+    ))
+}

@@ -1,0 +1,325 @@
+//! Cases on what one event does to the two tables: the first receipt, a duplicate, an older
+//! version, a conflict, and the content kept exactly (states, numbers, times).
+
+use std::time::{Duration, Instant};
+
+use orbit_sdk::DeliveryId;
+use result_inbox::Digest;
+use serde_json::value::RawValue;
+
+use crate::kit::world::*;
+use crate::kit::*;
+use crate::QUEUE;
+
+pub(crate) async fn first_receipt(ctx: Ctx) -> Verdict {
+    let (w, _p, task, key) = World::first_event(&ctx, SHORT_LEASE).await?;
+    let delivery = w.delivery(&w.deliveries_of(&key).await[0]).await;
+    ensure!(
+        delivery.attempts == 1,
+        "R-STORE-7: the first receipt took {} attempts; one suffices",
+        delivery.attempts
+    );
+    let platform = w.client.get_task(&task).await.expect("task read");
+    let view = w
+        .view(&task)
+        .await
+        .ok_or("R-STORE-5: the event was ACKed but the task has no view")?;
+    ensure!(
+        view.version == platform.version
+            && view.last_event == key
+            && view.state == "CANCELLED"
+            && view.result.is_none()
+            && view.applied_events == 1,
+        "R-STORE-7: the view should be version {}, event {key}, CANCELLED, no result, applied_events 1; it is {view:?}",
+        platform.version
+    );
+    let rows = w.inbox(&key).await;
+    ensure!(
+        rows.len() == 1,
+        "R-STORE-7: {} inbox rows for the event",
+        rows.len()
+    );
+    let (digest, applied, canonical) = &rows[0];
+    ensure!(
+        *applied,
+        "R-STORE-7: the inbox row says the event did not advance the view"
+    );
+    let (expected, expected_digest) =
+        result_inbox::canonicalize(&w.body(&key).await).expect("the platform's event is valid");
+    ensure!(
+        *canonical == expected,
+        "R-CANON-2: the stored event is not its canonical form (docs/canonical-json.md): {}",
+        difference(canonical, &expected)
+    );
+    ensure!(
+        digest[..] == expected_digest.0[..] && Digest::of(canonical).0[..] == digest[..],
+        "R-CANON-2: the stored digest is not the SHA-256 of the canonical form"
+    );
+    Ok(format!(
+        "ACKed at attempt 1; view v{} applied_events 1; canonical form and digest match",
+        view.version
+    ))
+}
+
+pub(crate) async fn duplicate(ctx: Ctx) -> Verdict {
+    let (w, _p, task, key) = World::first_event(&ctx, SHORT_LEASE).await?;
+    let reply = w.fault(serde_json::json!({"fault": "duplicate-event", "event_id": key}));
+    let again: Vec<DeliveryId> = reply["deliveries"]
+        .as_array()
+        .expect("deliveries")
+        .iter()
+        .filter_map(|d| d.as_str().map(DeliveryId::from))
+        .collect();
+    // A duplicate is resolved inside its first lease: once one was handed out again, the
+    // receiver did not ACK it.
+    let end = Instant::now() + Duration::from_secs(30);
+    for id in &again {
+        loop {
+            let d = w.delivery(id).await;
+            ensure!(
+                d.attempts <= 1 && Instant::now() < end,
+                "R-STORE-4: the duplicate (delivery {id}) was not ACKed at its first attempt: it is {} after {} attempt(s); a duplicate is ACKed at once",
+                d.state,
+                d.attempts
+            );
+            if d.state == "ACKED" {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    let rows = w.inbox(&key).await.len();
+    let view = w.view(&task).await.ok_or("R-STORE-5: no view")?;
+    ensure!(
+        rows == 1 && view.applied_events == 1,
+        "R-STORE-4: after the duplicate: {rows} inbox row(s), applied_events {}; a duplicate must not advance the view again",
+        view.applied_events
+    );
+    Ok("the redelivery ACKed; one inbox row, applied_events 1".into())
+}
+
+pub(crate) async fn stale_version(ctx: Ctx) -> Verdict {
+    let (w, _p, task, key) = World::first_event(&ctx, SHORT_LEASE).await?;
+    let before = w.view(&task).await.ok_or("R-STORE-5: no view")?;
+    let (old, deliveries) = w.forge(&key, false, Some(before.version - 1));
+    w.acked(
+        &deliveries,
+        Duration::from_secs(30),
+        "R-STORE-6 (an older version is ACKed as history)",
+    )
+    .await?;
+    let view = w.view(&task).await.ok_or("R-STORE-5: no view")?;
+    ensure!(
+        view.version == before.version && view.last_event == key && view.applied_events == 1,
+        "R-STORE-6: an older version (v{}) moved the view: it was v{} by {key}, applied_events 1; now {view:?}",
+        before.version - 1,
+        before.version
+    );
+    let rows = w.inbox(&old).await;
+    ensure!(
+        rows.len() == 1 && !rows[0].1,
+        "R-STORE-6: the older event must be recorded with applied = false ({} row(s), applied {:?})",
+        rows.len(),
+        rows.first().map(|r| r.1)
+    );
+    Ok(format!(
+        "v{} after v{}: ACKed, kept as history, the view stays at v{}",
+        before.version - 1,
+        before.version,
+        before.version
+    ))
+}
+
+/// Waits two leases and a second: `deliveries` must still be unACKED by then.
+async fn never_acked(w: &World, deliveries: &[DeliveryId], rule: &str) -> Result<u32, String> {
+    tokio::time::sleep(Duration::from_secs(2 * SHORT_LEASE + 1)).await;
+    let mut attempts = 0;
+    for id in deliveries {
+        let d = w.delivery(id).await;
+        ensure!(
+            d.state != "ACKED",
+            "{rule}: delivery {} was ACKed (attempt {}); it must never be",
+            d.id,
+            d.attempts
+        );
+        attempts = attempts.max(d.attempts);
+    }
+    Ok(attempts)
+}
+
+pub(crate) async fn same_id_other_content(ctx: Ctx) -> Verdict {
+    let (w, _p, task, key) = World::first_event(&ctx, SHORT_LEASE).await?;
+    let original = w.inbox(&key).await;
+    let (_, deliveries) = w.forge(&key, true, None);
+    let attempts = never_acked(
+        &w,
+        &deliveries,
+        "R-STORE-4: an event with the id of an applied event and other content (another digest) is a conflict",
+    )
+    .await?;
+    let rows = w.inbox(&key).await;
+    ensure!(
+        rows == original,
+        "R-STORE-4: the stored record of event {key} changed after the conflicting event"
+    );
+    let view = w.view(&task).await.ok_or("R-STORE-5: no view")?;
+    ensure!(
+        view.applied_events == 1 && view.last_event == key,
+        "R-STORE-4: the conflicting event changed the view: {view:?}"
+    );
+    Ok(format!(
+        "not ACKed after {attempts} attempt(s); the record and the view unchanged"
+    ))
+}
+
+pub(crate) async fn same_version_other_id(ctx: Ctx) -> Verdict {
+    let (w, _p, task, key) = World::first_event(&ctx, SHORT_LEASE).await?;
+    let (other, deliveries) = w.forge(&key, false, None);
+    let attempts = never_acked(
+        &w,
+        &deliveries,
+        "R-STORE-6: another event id for a version already applied is a conflict",
+    )
+    .await?;
+    let rows = w.inbox(&other).await.len();
+    ensure!(
+        rows == 0,
+        "R-STORE-6: the conflicting event left {rows} inbox row(s): its transaction must roll back whole"
+    );
+    let view = w.view(&task).await.ok_or("R-STORE-5: no view")?;
+    ensure!(
+        view.last_event == key && view.applied_events == 1,
+        "R-STORE-6: the conflicting event changed the view: {view:?}"
+    );
+    Ok(format!(
+        "not ACKed after {attempts} attempt(s); no inbox row, the view unchanged"
+    ))
+}
+
+/// Submits a task and reports `state` with `result`; the task and its event's key.
+async fn reported_task(w: &World, state: &str, result: &str, event_type: &str) -> (String, String) {
+    let task = w
+        .client
+        .submit_task(QUEUE, None)
+        .await
+        .expect("task submitted");
+    let result = RawValue::from_string(result.to_owned()).expect("a JSON result");
+    w.client
+        .report_task(&task.id, state, Some(&result))
+        .await
+        .expect("task reported");
+    let key = w.wait_event_of(&task.id, event_type).await;
+    (task.id, key)
+}
+
+pub(crate) async fn needs_review(ctx: Ctx) -> Verdict {
+    let mut w = World::start(&ctx, SHORT_LEASE).await;
+    let _p = w.running().await?;
+    let (task, key) = reported_task(
+        &w,
+        "NEEDS_REVIEW",
+        r#"{"reason":"manual check"}"#,
+        "task.needs_review",
+    )
+    .await;
+    w.acked(
+        &w.deliveries_of(&key).await,
+        Duration::from_secs(30),
+        "R-CANON-1 (a NEEDS_REVIEW event is valid)",
+    )
+    .await?;
+    let view = w.view(&task).await.ok_or("R-STORE-5: no view")?;
+    ensure!(
+        view.state == "NEEDS_REVIEW",
+        "R-CANON-1: NEEDS_REVIEW must stay NEEDS_REVIEW; the view says {:?}",
+        view.state
+    );
+    Ok("the view says NEEDS_REVIEW".into())
+}
+
+pub(crate) async fn exact_numbers(ctx: Ctx) -> Verdict {
+    let mut w = World::start(&ctx, SHORT_LEASE).await;
+    let _p = w.running().await?;
+    let numbers = [
+        "123456789012345678901234567890",
+        "-0.000000000000000000001",
+        "1.50",
+        "1E+2",
+    ];
+    let result = format!(
+        r#"{{"big":{},"tiny":{},"price":{},"exp":{},"text":"0.10"}}"#,
+        numbers[0], numbers[1], numbers[2], numbers[3]
+    );
+    let (task, key) = reported_task(&w, "SUCCEEDED", &result, "task.succeeded").await;
+    w.acked(
+        &w.deliveries_of(&key).await,
+        Duration::from_secs(30),
+        "R-SCHEMA-4",
+    )
+    .await?;
+    let view = w.view(&task).await.ok_or("R-STORE-5: no view")?;
+    let stored = view.result.ok_or("R-STORE-7: the view has no result")?;
+    let (canonical, _) = result_inbox::canonicalize(result.as_bytes()).expect("a valid result");
+    let text = String::from_utf8_lossy(&stored);
+    let lost: Vec<&str> = numbers.into_iter().filter(|n| !text.contains(n)).collect();
+    ensure!(
+        stored == canonical,
+        "R-SCHEMA-4: the view's result must keep its exact bytes: {}; the numbers not kept as written: {}",
+        difference(&stored, &canonical),
+        if lost.is_empty() { "none".to_owned() } else { lost.join(", ") }
+    );
+    let (_, _, event) = w
+        .inbox(&key)
+        .await
+        .into_iter()
+        .next()
+        .ok_or("R-STORE-7: no inbox row")?;
+    let event = String::from_utf8_lossy(&event).into_owned();
+    for n in numbers {
+        ensure!(
+            event.contains(n),
+            "R-SCHEMA-4: the stored event lost the number {n}"
+        );
+    }
+    Ok("the result and the event keep 10^29, 1e-21, 1.50 and 1E+2 as written".into())
+}
+
+pub(crate) async fn utc(ctx: Ctx) -> Verdict {
+    // A server of the case's own: its time zone is changed for every connection.
+    let mut w = World::with_own_server(&ctx, SHORT_LEASE).await;
+    let mut c = w.admin().await;
+    sqlx::query("SET GLOBAL time_zone = '+09:00'")
+        .execute(&mut c)
+        .await
+        .expect("the server's time zone set");
+    let _p = w.running().await?;
+    let (task, key) = w.cancelled_task().await;
+    w.acked(
+        &w.deliveries_of(&key).await,
+        Duration::from_secs(30),
+        "R-SCHEMA-6",
+    )
+    .await?;
+    let skew: Vec<(Option<i64>, Option<i64>)> = sqlx::query_as(
+        "SELECT TIMESTAMPDIFF(SECOND, i.received_at, UTC_TIMESTAMP(6)), \
+                TIMESTAMPDIFF(SECOND, v.updated_at, UTC_TIMESTAMP(6)) \
+         FROM receiver_inbox i JOIN receiver_task_views v ON v.task_id = ? WHERE i.event_id = ?",
+    )
+    .bind(&task)
+    .bind(&key)
+    .fetch_all(&mut c)
+    .await
+    .map_err(|e| format!("R-SCHEMA-3: received_at and updated_at could not be read: {e}"))?;
+    let (received, updated) = skew.first().copied().ok_or("R-STORE-7: no inbox row")?;
+    for (what, s) in [
+        ("receiver_inbox.received_at", received),
+        ("receiver_task_views.updated_at", updated),
+    ] {
+        let s = s.ok_or(format!("R-SCHEMA-3: {what} is NULL"))?;
+        ensure!(
+            s.abs() < 600,
+            "R-SCHEMA-6: {what} is {s} s from UTC_TIMESTAMP() with the server at +09:00: times must be stored in UTC"
+        );
+    }
+    Ok("received_at and updated_at in UTC with the server at +09:00".into())
+}

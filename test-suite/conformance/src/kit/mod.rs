@@ -1,0 +1,152 @@
+//! The conformance kit: the source's regressions, black-box, against any receiver program that
+//! follows the environment contract (`conformance run --receiver CMD`).
+//!
+//! For each case the kit starts a world of its own: fresh databases on a testdb server (a
+//! local server of the case's own where the case stops it), `orbit-dev` with its fault API, a
+//! subscription, and, where the case needs one, a `commit-proxy` in front of the receiver's
+//! database. It runs `CMD init` (as an account that may create tables) and `CMD consume` (as
+//! the runtime account) with only the documented environment: `ORBIT_URL`,
+//! `ORBIT_CREDENTIALS_FILE`, `ORBIT_RECEIVER_DSN`, `ORBIT_SUBSCRIPTION_ID`, `RECEIVER_NAME`
+//! (and `PATH`, `HOME`). It judges from outside only: the platform's deliveries, the two
+//! tables, and the program's exit and output.
+//!
+//! A case returns `Err` with a message that names the rule it proves; a panic inside the kit
+//! (a world that would not start) is reported as the kit's own error, not the receiver's.
+//!
+//! Here: the registry ([`cases`], [`MUTANTS`]) and the runner ([`Case::run`]); `world.rs` (one
+//! case's world and what the kit reads back from it); `cases/` (the cases, in groups). The
+//! receiver runs as a [`crate::process::Proc`], in a process group of its own.
+
+use std::future::Future;
+use std::pin::Pin;
+
+/// The consumer name the kit gives the receiver.
+pub const RECEIVER_NAME: &str = "kit-receiver";
+/// The event types a case's subscription takes.
+const TYPES: &[&str] = &[
+    "task.started",
+    "task.succeeded",
+    "task.needs_review",
+    "task.cancelled",
+];
+/// The short lease of cases that do not need the real one.
+const SHORT_LEASE: u64 = 3;
+
+/// A case's verdict: `Ok` with what it saw, or `Err` with what was wrong.
+pub type Verdict = Result<String, String>;
+type CaseFuture = Pin<Box<dyn Future<Output = Verdict> + Send>>;
+
+/// One case of the kit.
+pub struct Case {
+    pub name: &'static str,
+    /// The requirements it proves (`docs/requirements.md`).
+    pub rules: &'static str,
+    pub what: &'static str,
+    run: fn(Ctx) -> CaseFuture,
+}
+
+/// What a case gets: the receiver's command line and the run's seed.
+#[derive(Debug, Clone)]
+pub struct Ctx {
+    pub receiver: String,
+    pub seed: u64,
+}
+
+macro_rules! case {
+    ($name:literal, $rules:literal, $what:literal, $f:ident) => {
+        Case {
+            name: $name,
+            rules: $rules,
+            what: $what,
+            run: |ctx| Box::pin($f(ctx)),
+        }
+    };
+}
+
+/// Every case, in the order the kit runs them.
+pub fn cases() -> Vec<Case> {
+    vec![
+        case!("schema", "R-SCHEMA-1 R-SCHEMA-5 R-SCHEMA-7", "init makes 2 tables, 17 commented columns, no foreign key, byte-compared identity columns; a second init is refused", schema),
+        case!("names-by-bytes", "R-SCHEMA-7 R-STORE-4", "two consumer names that differ only in case, on one database: each records the event and keeps a view of its own", names_by_bytes),
+        case!("first-receipt", "R-STORE-5 R-STORE-7 R-CANON-2", "one event: ACKed at its first attempt, one inbox row with the canonical form and its SHA-256, the view at its version", first_receipt),
+        case!("ack-after-commit", "R-STORE-7", "the answer to COMMIT held 1.5 s by the proxy: while the row is committed and the answer is on its way, the delivery is not ACKed", ack_after_commit),
+        case!("duplicate", "R-STORE-4", "the same event delivered again: ACKed, still one inbox row, the view advanced once", duplicate),
+        case!("stale-version", "R-STORE-6", "an older version arriving late: ACKed and kept as history, the view stays at the newer one", stale_version),
+        case!("same-id-other-content", "R-STORE-2 R-STORE-4", "an event with an applied event's id and other content: never ACKed, the stored record unchanged", same_id_other_content),
+        case!("same-version-other-id", "R-STORE-6", "another event id for a version already applied: never ACKed, rolled back (no inbox row)", same_version_other_id),
+        case!("needs-review", "R-CANON-1", "NEEDS_REVIEW stays NEEDS_REVIEW in the view", needs_review),
+        case!("exact-numbers", "R-SCHEMA-4 R-CANON-2", "big integers and decimal text in a result kept byte for byte", exact_numbers),
+        case!("utc", "R-SCHEMA-6", "times stored in UTC while the server's time zone is +09:00", utc),
+        case!("queue-mismatch", "R-CLI-3", "a subscription on another queue than the configured one: consume refuses to start and takes nothing", queue_mismatch),
+        case!("kill-after-commit", "R-FAULT-4", "SIGKILL after COMMIT and before the ACK landed: after the real 30 s lease the redelivery is a duplicate (attempts 2, applied_events 1)", kill_after_commit),
+        case!("commit-lost", "R-STORE-7 R-STORE-8 R-FAULT-3", "the server's OK to COMMIT dropped by the proxy: no ACK at that attempt, then resolved as a duplicate", commit_lost),
+        case!("database-restart", "R-STORE-9", "the receiver's database killed and started again while events queue: nothing lost, nothing doubled, nothing expired", database_restart),
+        case!("sigterm", "R-CLI-3", "SIGTERM ends consume within 10 s and leaves the subscription enabled", sigterm),
+        case!("crash-loop", "R-FAULT-4 R-STORE-4 R-STORE-6", "seeded SIGKILLs over duplicates and out-of-order versions, then a ledger check", crash_loop),
+        case!("no-secrets", "R-SDK-3 R-STORE-11 R-CLI-4", "no token, password or lease proof in the output, errors included", no_secrets),
+    ]
+}
+
+/// The mutants of `receiver-mutant` (`RECEIVER_MUTANT`), each with the case aimed at it and
+/// the rule its failure must name.
+pub const MUTANTS: &[(&str, &str, &str)] = &[
+    ("ack-before-commit", "ack-after-commit", "R-STORE-7"),
+    ("insert-ignore", "same-id-other-content", "R-STORE-4"),
+    ("no-digest-compare", "same-id-other-content", "R-STORE-4"),
+    ("any-version", "stale-version", "R-STORE-6"),
+    ("unconfirmed-is-success", "commit-lost", "R-STORE-8"),
+    ("case-insensitive-ids", "schema", "R-SCHEMA-7"),
+    ("as-received", "first-receipt", "R-CANON-2"),
+    ("duplicate-is-error", "duplicate", "R-STORE-4"),
+    ("no-inbox-dedup", "duplicate", "R-STORE-4"),
+    ("needs-review-as-succeeded", "needs-review", "R-CANON-1"),
+    ("float-numbers", "exact-numbers", "R-SCHEMA-4"),
+    ("local-time", "utc", "R-SCHEMA-6"),
+    ("no-queue-check", "queue-mismatch", "R-CLI-3"),
+    ("pause-on-sigterm", "sigterm", "R-CLI-3"),
+    ("prints-token", "no-secrets", "R-SDK-3"),
+];
+
+impl std::fmt::Debug for Case {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Case")
+            .field("name", &self.name)
+            .field("rules", &self.rules)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Case {
+    /// Runs the case; a panic of the kit becomes an `Err` that says so.
+    pub async fn run(&self, ctx: Ctx) -> Verdict {
+        match tokio::spawn((self.run)(ctx)).await {
+            Ok(v) => v,
+            Err(e) => {
+                let why = e
+                    .try_into_panic()
+                    .ok()
+                    .and_then(|p| {
+                        p.downcast_ref::<String>()
+                            .cloned()
+                            .or_else(|| p.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+                    })
+                    .unwrap_or_else(|| "cancelled".into());
+                Err(format!("the kit could not run the case: {why}"))
+            }
+        }
+    }
+}
+
+/// `Err(format!(…))` unless `cond`.
+macro_rules! ensure {
+    ($cond:expr, $($msg:tt)+) => {
+        if !$cond {
+            return Err(format!($($msg)+));
+        }
+    };
+}
+
+mod cases;
+mod world;
+
+use cases::*;

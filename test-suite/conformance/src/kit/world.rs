@@ -1,0 +1,450 @@
+//! One case's world: its databases, its platform and subscription, the receiver's runs in it,
+//! and what the kit reads back from the platform and the two tables.
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use orbit_sdk::{DeliveryId, SubscriptionId};
+use secret::Secret;
+use sqlx::{Connection, MySqlConnection};
+use testdb::{Provisioned, Server};
+
+use super::*;
+use crate::process::Proc;
+use crate::{OrbitDev, QUEUE};
+
+/// One case's world.
+pub(crate) struct World {
+    pub(crate) receiver: String,
+    pub(crate) orbit: OrbitDev,
+    pub(crate) client: orbit_sdk::Client,
+    pub(crate) sub: SubscriptionId,
+    /// Where consume connects: the database, or a proxy in front of it.
+    pub(crate) dsn: Secret,
+    pub(crate) dir: PathBuf,
+    pub(crate) runs: usize,
+    /// Every output of the receiver in this world, for the secrets check.
+    pub(crate) logs: Vec<PathBuf>,
+    /// The receiver's databases on a server of the case's own, when it stops that server
+    /// (the platform's stay on the shared one); dropped last, server after databases.
+    pub(crate) own: Option<(Provisioned, Server)>,
+}
+
+/// Leases of `seconds`, the fault API on, and a budget of 20 attempts: no case is about an
+/// exhausted budget, and the crash loop's kills must not spend one.
+pub(crate) fn platform_args(seconds: u64) -> Vec<String> {
+    vec![
+        "--enable-fault-api".into(),
+        "--lease-seconds".into(),
+        seconds.to_string(),
+        "--max-attempts".into(),
+        "20".into(),
+    ]
+}
+
+impl World {
+    pub(crate) async fn start(ctx: &Ctx, lease: u64) -> World {
+        let db = crate::ReceiverDb::provisioned().await;
+        Self::on(ctx, lease, db, None).await
+    }
+
+    /// A world whose receiver database is on a local server of its own.
+    pub(crate) async fn with_own_server(ctx: &Ctx, lease: u64) -> World {
+        let server = Server::local().expect("a local server of the case's own");
+        let own = server.provision().await.expect("databases provisioned");
+        let db = crate::ReceiverDb::provisioned().await;
+        Self::on(ctx, lease, db, Some((own, server))).await
+    }
+
+    pub(crate) async fn on(
+        ctx: &Ctx,
+        lease: u64,
+        db: Provisioned,
+        own: Option<(Provisioned, Server)>,
+    ) -> World {
+        let args = platform_args(lease);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        // The platform's database lives beside the receiver's (testdb provisions both).
+        let dsn = own.as_ref().map_or(&db, |(own, _)| own).runtime_url();
+        let orbit = OrbitDev::start_with(db, &args);
+        let client = orbit.client();
+        let sub = client
+            .create_subscription(QUEUE, TYPES)
+            .await
+            .expect("subscription created")
+            .id;
+        let dir = orbit
+            .credentials_file
+            .parent()
+            .expect("a scratch directory")
+            .to_path_buf();
+        World {
+            receiver: ctx.receiver.clone(),
+            orbit,
+            client,
+            sub,
+            dsn,
+            dir,
+            runs: 0,
+            logs: Vec::new(),
+            own,
+        }
+    }
+
+    /// The documented environment, with `dsn` as the receiver's database.
+    /// The receiver's databases and accounts.
+    pub(crate) fn db(&self) -> &Provisioned {
+        self.own.as_ref().map_or(&self.orbit.db, |(db, _)| db)
+    }
+
+    /// The server of the case's own.
+    pub(crate) fn own_server(&self) -> &Server {
+        &self.own.as_ref().expect("a server of the case's own").1
+    }
+
+    pub(crate) fn env(&self, dsn: &Secret) -> Vec<(&'static str, String)> {
+        vec![
+            ("ORBIT_URL", self.orbit.url.clone()),
+            (
+                "ORBIT_CREDENTIALS_FILE",
+                self.orbit.credentials_file.display().to_string(),
+            ),
+            ("ORBIT_RECEIVER_DSN", dsn.expose().to_owned()),
+            ("ORBIT_SUBSCRIPTION_ID", self.sub.to_string()),
+            ("RECEIVER_NAME", RECEIVER_NAME.to_owned()),
+        ]
+    }
+
+    /// The receiver's command line with `command` (`init`, `consume`), run with `sh -c` in a
+    /// process group of its own, so that a signal reaches whatever the command line starts
+    /// (`go run` included).
+    pub(crate) fn spawn(&mut self, command: &str, env: &[(&'static str, String)]) -> Proc {
+        self.runs += 1;
+        let log = self
+            .dir
+            .join(format!("receiver-{}-{command}.log", self.runs));
+        let mut cmd = Command::new("sh");
+        cmd.arg("-c")
+            .arg(format!("{} \"$@\"", self.receiver))
+            .arg("receiver")
+            .arg(command)
+            .env_clear()
+            .envs(inherited())
+            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+            .stdin(Stdio::null());
+        self.logs.push(log.clone());
+        Proc::start_group(cmd, log)
+    }
+
+    /// A `commit-proxy` in front of the receiver's database, which consume connects through
+    /// from now on.
+    pub(crate) async fn behind_proxy(&mut self) -> commit_proxy::Proxy {
+        let proxy = commit_proxy::Proxy::start("127.0.0.1:0", self.db().address())
+            .await
+            .expect("the proxy starts");
+        self.dsn = Secret::new(
+            self.db()
+                .runtime_url()
+                .expose()
+                .replace(self.db().address(), &proxy.local_addr().to_string()),
+        );
+        proxy
+    }
+
+    /// Waits (20 s at most) until event `event`'s inbox row is committed.
+    pub(crate) async fn committed(&self, event: &str) -> Result<(), String> {
+        let end = Instant::now() + Duration::from_secs(20);
+        while self.inbox(event).await.is_empty() {
+            ensure!(
+                Instant::now() < end,
+                "R-STORE-7: no inbox row for the delivered event within 20 s"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Ok(())
+    }
+
+    /// `CMD init` as the account that may create tables, then the runtime grants.
+    pub(crate) async fn init(&mut self) -> Result<String, String> {
+        let env = self.env(&self.db().init_url());
+        let mut p = self.spawn("init", &env);
+        let status = p.wait_within(Duration::from_secs(60)).await;
+        let out = p.output();
+        ensure!(
+            status.is_some_and(|s| s.success()),
+            "R-SCHEMA-5: `init` did not succeed ({}): {}",
+            status.map_or("still running after 60 s".into(), |s| s.to_string()),
+            last_lines(self, &out)
+        );
+        self.db().grant_runtime().await.expect("runtime grants");
+        Ok(out)
+    }
+
+    pub(crate) fn consume(&mut self) -> Proc {
+        let env = self.env(&self.dsn.clone());
+        self.spawn("consume", &env)
+    }
+
+    /// Sets up the tables and starts consume.
+    pub(crate) async fn running(&mut self) -> Result<Proc, String> {
+        self.init().await?;
+        Ok(self.consume())
+    }
+
+    pub(crate) async fn admin(&self) -> MySqlConnection {
+        MySqlConnection::connect(self.db().admin_receiver_url().expose())
+            .await
+            .expect("an admin connection to the receiver's database")
+    }
+
+    pub(crate) async fn platform(&self) -> MySqlConnection {
+        MySqlConnection::connect(self.orbit.db.platform_url().expose())
+            .await
+            .expect("a connection to the platform's database")
+    }
+
+    /// Submits and cancels a task: one `task.cancelled` event at version 2. Task and event id.
+    pub(crate) async fn cancelled_task(&self) -> (String, String) {
+        let task = crate::cancelled_task(&self.client).await;
+        let event = self.wait_event_of(&task, "task.cancelled").await;
+        (task, event)
+    }
+
+    /// The id of `task`'s event of `event_type` (its platform key).
+    pub(crate) async fn wait_event_of(&self, task: &str, event_type: &str) -> String {
+        let end = Instant::now() + Duration::from_secs(10);
+        loop {
+            let d = self.deliveries().await;
+            if let Some(d) = d
+                .iter()
+                .find(|d| d.task_id == task && d.event_type == event_type)
+            {
+                return d.event_id.clone();
+            }
+            assert!(
+                Instant::now() < end,
+                "the platform made no {event_type} delivery for task {task}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    pub(crate) async fn deliveries(&self) -> Vec<orbit_sdk::wire::DeliveryInfo> {
+        self.client
+            .list_deliveries(&self.sub, &Default::default())
+            .await
+            .expect("deliveries listed")
+    }
+
+    pub(crate) async fn delivery(&self, id: &DeliveryId) -> orbit_sdk::wire::DeliveryInfo {
+        self.client.get_delivery(id).await.expect("delivery read")
+    }
+
+    /// Waits until every delivery in `ids` is ACKED; `Err` names the first that is not.
+    pub(crate) async fn acked(
+        &self,
+        ids: &[DeliveryId],
+        within: Duration,
+        rule: &str,
+    ) -> Result<(), String> {
+        let end = Instant::now() + within;
+        loop {
+            let mut open = None;
+            for id in ids {
+                let d = self.delivery(id).await;
+                if d.state != "ACKED" {
+                    open = Some(d);
+                    break;
+                }
+            }
+            let Some(d) = open else { return Ok(()) };
+            ensure!(
+                Instant::now() < end,
+                "{rule}: delivery {} of event {} is {} after {} attempt(s), not ACKED within {} s",
+                d.id,
+                d.event_id,
+                d.state,
+                d.attempts,
+                within.as_secs()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// The deliveries of platform event `event` (its key).
+    pub(crate) async fn deliveries_of(&self, event: &str) -> Vec<DeliveryId> {
+        self.deliveries()
+            .await
+            .into_iter()
+            .filter(|d| d.event_id == event)
+            .map(|d| d.id)
+            .collect()
+    }
+
+    /// The platform's body of event `key`.
+    pub(crate) async fn body(&self, key: &str) -> Vec<u8> {
+        let mut c = self.platform().await;
+        sqlx::query_scalar("SELECT body FROM orbit_events WHERE id = ?")
+            .bind(key)
+            .fetch_one(&mut c)
+            .await
+            .expect("the event's body")
+    }
+
+    /// The view of `task`: version, last event id, last state, last result, applied events.
+    pub(crate) async fn view(&self, task: &str) -> Option<View> {
+        let mut c = self.admin().await;
+        let row: Option<ViewRow> = sqlx::query_as(
+            "SELECT task_version, last_event_id, last_state, last_result, applied_events \
+             FROM receiver_task_views WHERE consumer_name = ? AND queue_id = ? AND task_id = ?",
+        )
+        .bind(RECEIVER_NAME)
+        .bind(QUEUE)
+        .bind(task)
+        .fetch_optional(&mut c)
+        .await
+        .expect("the view reads");
+        row.map(|(version, event, state, result, applied_events)| View {
+            version,
+            last_event: String::from_utf8_lossy(&event).into_owned(),
+            state: String::from_utf8_lossy(&state).into_owned(),
+            result,
+            applied_events,
+        })
+    }
+
+    /// The inbox rows of event id `event`: digest, applied, canonical bytes.
+    pub(crate) async fn inbox(&self, event: &str) -> Vec<(Vec<u8>, bool, Vec<u8>)> {
+        let mut c = self.admin().await;
+        sqlx::query_as(
+            "SELECT event_digest, applied, event_canonical FROM receiver_inbox \
+             WHERE consumer_name = ? AND queue_id = ? AND event_id = ?",
+        )
+        .bind(RECEIVER_NAME)
+        .bind(QUEUE)
+        .bind(event)
+        .fetch_all(&mut c)
+        .await
+        .expect("the inbox reads")
+    }
+
+    /// Arms a platform fault; its answer.
+    pub(crate) fn fault(&self, body: serde_json::Value) -> serde_json::Value {
+        self.orbit.fault(body)
+    }
+
+    /// Forges an event from `key` (see orbit-dev's `forge-event`): the id its body carries
+    /// and its deliveries.
+    pub(crate) fn forge(
+        &self,
+        key: &str,
+        keep_id: bool,
+        version: Option<u64>,
+    ) -> (String, Vec<DeliveryId>) {
+        let mut body =
+            serde_json::json!({"fault": "forge-event", "event_id": key, "keep_id": keep_id});
+        if let Some(v) = version {
+            body["task_version"] = v.into();
+        }
+        let reply = self.fault(body);
+        let id = reply["event_id"].as_str().expect("a forged id").to_owned();
+        let deliveries = reply["deliveries"]
+            .as_array()
+            .expect("deliveries")
+            .iter()
+            .filter_map(|d| d.as_str().map(DeliveryId::from))
+            .collect();
+        (id, deliveries)
+    }
+
+    /// A receiver that applies and ACKs `task`'s cancelled event: the world, its consume,
+    /// task and event id.
+    pub(crate) async fn first_event(
+        ctx: &Ctx,
+        lease: u64,
+    ) -> Result<(World, Proc, String, String), String> {
+        let mut w = World::start(ctx, lease).await;
+        let p = w.running().await?;
+        let (task, event) = w.cancelled_task().await;
+        let ids = w.deliveries_of(&event).await;
+        w.acked(&ids, Duration::from_secs(30), "R-STORE-7").await?;
+        Ok((w, p, task, event))
+    }
+}
+
+/// What the environment of the kit passes on to the receiver: enough to find programs.
+pub(crate) fn inherited() -> Vec<(&'static str, String)> {
+    ["PATH", "HOME"]
+        .into_iter()
+        .filter_map(|k| {
+            #[allow(clippy::disallowed_methods)] // the kit's own environment, passed on
+            std::env::var(k).ok().map(|v| (k, v))
+        })
+        .collect()
+}
+
+/// A view row as read: version, last event id, state, result, applied events.
+pub(crate) type ViewRow = (u64, Vec<u8>, Vec<u8>, Option<Vec<u8>>, u64);
+/// A delivery's current and ACKed proof hashes.
+pub(crate) type ProofRow = (Option<Vec<u8>>, Option<Vec<u8>>);
+
+pub(crate) struct View {
+    pub(crate) version: u64,
+    pub(crate) last_event: String,
+    pub(crate) state: String,
+    pub(crate) result: Option<Vec<u8>>,
+    pub(crate) applied_events: u64,
+}
+
+/// Everything but the result's bytes (a result body is never printed): their length.
+impl std::fmt::Debug for View {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("View")
+            .field("version", &self.version)
+            .field("last_event", &self.last_event)
+            .field("state", &self.state)
+            .field(
+                "result",
+                &self.result.as_ref().map(|r| format!("{} bytes", r.len())),
+            )
+            .field("applied_events", &self.applied_events)
+            .finish()
+    }
+}
+
+/// How `stored` differs from `expected`, without printing either (an event or a result body
+/// is never printed): their lengths and the first byte where they part.
+pub(crate) fn difference(stored: &[u8], expected: &[u8]) -> String {
+    let at = stored
+        .iter()
+        .zip(expected)
+        .position(|(a, b)| a != b)
+        .unwrap_or(stored.len().min(expected.len()));
+    format!(
+        "stored {} bytes, expected {} bytes, first difference at byte {at}",
+        stored.len(),
+        expected.len()
+    )
+}
+
+/// The last three lines of a receiver's output, for a failure message, with the world's
+/// token and passwords masked: the kit never repeats a secret a receiver printed.
+pub(crate) fn last_lines(w: &World, out: &str) -> String {
+    let lines: Vec<&str> = out.lines().rev().take(3).collect();
+    let mut text = lines.into_iter().rev().collect::<Vec<_>>().join(" | ");
+    for hidden in [
+        w.orbit.credentials().token.expose().to_owned(),
+        w.db().runtime.password.expose().to_owned(),
+        w.db().init.password.expose().to_owned(),
+    ] {
+        if !hidden.is_empty() {
+            text = text.replace(&hidden, secret::MASK);
+        }
+    }
+    if text.is_empty() {
+        "no output".into()
+    } else {
+        text
+    }
+}

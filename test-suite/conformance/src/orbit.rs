@@ -1,0 +1,322 @@
+//! The development platform as a real process (`orbit-dev serve`), its bootstrap, and the
+//! subscriptions and tasks a test makes on it.
+
+use std::path::PathBuf;
+
+use result_inbox::Dsn;
+use sqlx::{Connection, MySqlConnection};
+use testdb::Provisioned;
+
+use crate::*;
+
+/// Runs `orbit-dev bootstrap` for `queue` in namespace `default` against the platform database
+/// `platform_dsn`, writing the credentials to `output`; returns what it printed on stdout.
+pub fn bootstrap(
+    platform_dsn: &str,
+    queue: &str,
+    event_access: bool,
+    output: &std::path::Path,
+) -> Result<String, String> {
+    // bootstrap creates no directory: make the output's, private, as a user would.
+    if let Some(dir) = output.parent() {
+        use std::os::unix::fs::DirBuilderExt;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    }
+    let mut cmd = std::process::Command::new(workspace_bin("orbit-dev"));
+    cmd.args([
+        "bootstrap",
+        "--application",
+        "inbox-example",
+        "--namespace",
+        "default",
+        "--environment",
+        "development",
+        "--queue",
+        queue,
+    ]);
+    if event_access {
+        cmd.arg("--event-access");
+    }
+    let out = cmd
+        .arg("--output")
+        .arg(output)
+        .env("ORBIT_MYSQL_DSN", platform_dsn)
+        .output()
+        .map_err(|e| format!("orbit-dev bootstrap: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "orbit-dev bootstrap failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// A running `orbit-dev` process on its own fresh platform database, bootstrapped with an
+/// event-access credential for queue [`QUEUE`]. Killed on drop.
+#[derive(Debug)]
+pub struct OrbitDev {
+    child: Option<std::process::Child>,
+    /// `http://127.0.0.1:PORT`.
+    pub url: String,
+    /// `127.0.0.1:PORT`.
+    pub addr: String,
+    /// The bootstrap's credentials file (mode 0600).
+    pub credentials_file: PathBuf,
+    args: Vec<String>,
+    /// The platform's (and a receiver's) databases.
+    pub db: Provisioned,
+}
+
+impl OrbitDev {
+    /// Provisions databases, bootstraps, and serves with `args` (e.g. `--lease-seconds 1`).
+    pub async fn start(args: &[&str]) -> OrbitDev {
+        Self::start_with(ReceiverDb::provisioned().await, args)
+    }
+
+    /// [`OrbitDev::start`] on databases provisioned elsewhere (a node of a cluster, say).
+    pub fn start_with(db: Provisioned, args: &[&str]) -> OrbitDev {
+        let dir = testdb::scratch_dir()
+            .expect("a scratch directory")
+            .join(format!("orbit-dev-{}", db.platform_db));
+        let credentials_file = dir.join("inbox.credentials.json");
+        bootstrap(db.platform_url().expose(), QUEUE, true, &credentials_file)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let mut me = OrbitDev {
+            child: None,
+            url: String::new(),
+            addr: "127.0.0.1:0".into(),
+            credentials_file,
+            args: args.iter().map(|s| (*s).to_owned()).collect(),
+            db,
+        };
+        me.serve();
+        me
+    }
+
+    fn serve(&mut self) {
+        use std::io::BufRead;
+        let mut cmd = std::process::Command::new(workspace_bin("orbit-dev"));
+        cmd.arg("serve")
+            .args(["--listen", &self.addr])
+            .args(&self.args)
+            .env("ORBIT_MYSQL_DSN", self.db.platform_url().expose())
+            .stdout(std::process::Stdio::piped())
+            .stderr(self.log_file());
+        let mut child = testdb::spawn_tied(cmd).expect("orbit-dev starts");
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().expect("stdout"))
+            .read_line(&mut line)
+            .expect("orbit-dev prints where it listens");
+        let addr = line
+            .trim()
+            .strip_prefix("listening=")
+            .unwrap_or_else(|| panic!("orbit-dev did not start: {line:?}"))
+            .to_owned();
+        self.url = format!("http://{addr}");
+        self.addr = addr;
+        self.child = Some(child);
+    }
+
+    /// Where the server's standard error goes (appended across restarts).
+    fn log_path(&self) -> PathBuf {
+        self.credentials_file.with_file_name("orbit-dev.log")
+    }
+
+    fn log_file(&self) -> std::fs::File {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.log_path())
+            .expect("orbit-dev's log file opens")
+    }
+
+    /// What the server wrote to standard error so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.log_path()).unwrap_or_default()
+    }
+
+    /// The server's process id (0 when it is not running).
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map_or(0, std::process::Child::id)
+    }
+
+    /// SIGKILL the server and wait for it to exit.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts the server again on the same database and port.
+    pub fn restart(&mut self) {
+        self.kill();
+        self.serve();
+    }
+
+    /// The bootstrap's credentials.
+    pub fn credentials(&self) -> orbit_sdk::Credentials {
+        orbit_sdk::Credentials::load(&self.credentials_file).expect("credentials load")
+    }
+
+    /// Creates the receiver's tables (as the init account) and grants the runtime account.
+    pub async fn init_receiver(&self) {
+        let dsn = Dsn::parse(self.db.init_url().expose()).expect("testdb makes valid URLs");
+        result_inbox::schema::init(&dsn)
+            .await
+            .unwrap_or_else(|e| panic!("receiver init failed: {e}"));
+        self.db.grant_runtime().await.expect("runtime grants apply");
+    }
+
+    /// The environment `receiver demo` / `consume` need against this platform.
+    pub fn receiver_env(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("ORBIT_URL", self.url.clone()),
+            (
+                "ORBIT_CREDENTIALS_FILE",
+                self.credentials_file.display().to_string(),
+            ),
+            (
+                "ORBIT_RECEIVER_DSN",
+                self.db.runtime_url().expose().to_owned(),
+            ),
+        ]
+    }
+
+    /// Bootstraps a further credential in namespace `default` for `queue`; its file.
+    pub fn bootstrap_other(&self, queue: &str, event_access: bool) -> PathBuf {
+        let file = self
+            .credentials_file
+            .with_file_name(format!("{queue}-{event_access}.json"));
+        bootstrap(self.db.platform_url().expose(), queue, event_access, &file)
+            .unwrap_or_else(|e| panic!("{e}"));
+        file
+    }
+
+    /// Arms a fault of `--enable-fault-api` (`{"fault": …}`); the reply.
+    pub fn fault(&self, body: serde_json::Value) -> serde_json::Value {
+        let (status, reply) = http_json(&self.addr, "POST", "/v1/_faults", Some(&body));
+        assert_eq!(status, 200, "arming {body}: {reply}");
+        reply
+    }
+
+    /// The subscription's deliveries of `event_id`.
+    pub async fn deliveries_of(
+        &self,
+        subscription: &orbit_sdk::SubscriptionId,
+        event_id: &str,
+    ) -> Vec<orbit_sdk::wire::DeliveryInfo> {
+        let all = self
+            .client()
+            .list_deliveries(subscription, &orbit_sdk::DeliveryFilter::default())
+            .await
+            .expect("deliveries listed");
+        all.into_iter().filter(|d| d.event_id == event_id).collect()
+    }
+
+    /// The receiver's view of `task` (any consumer name): version, state, applied_events.
+    pub async fn view(&self, task: &str) -> Option<(u64, String, u64)> {
+        let mut admin = MySqlConnection::connect(self.db.admin_receiver_url().expose())
+            .await
+            .expect("admin connects");
+        let row = sqlx::query(
+            "SELECT task_version, last_state, applied_events FROM receiver_task_views WHERE task_id = ?",
+        )
+        .bind(task)
+        .fetch_optional(&mut admin)
+        .await
+        .expect("the view reads");
+        row.map(|r| {
+            use sqlx::Row;
+            (
+                r.get(0),
+                String::from_utf8_lossy(&r.get::<Vec<u8>, _>(1)).into_owned(),
+                r.get(2),
+            )
+        })
+    }
+
+    /// How many inbox rows hold `event_id`.
+    pub async fn inbox_rows(&self, event_id: &str) -> i64 {
+        let mut admin = MySqlConnection::connect(self.db.admin_receiver_url().expose())
+            .await
+            .expect("admin connects");
+        sqlx::query_scalar("SELECT COUNT(*) FROM receiver_inbox WHERE event_id = ?")
+            .bind(event_id)
+            .fetch_one(&mut admin)
+            .await
+            .expect("the inbox reads")
+    }
+
+    /// An SDK client with the bootstrap's credential.
+    pub fn client(&self) -> orbit_sdk::Client {
+        orbit_sdk::Client::new(&self.url, self.credentials().token).expect("a loopback URL")
+    }
+}
+
+impl Drop for OrbitDev {
+    fn drop(&mut self) {
+        self.kill();
+        if let Some(dir) = self.credentials_file.parent() {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
+
+/// Submits and cancels a task on [`QUEUE`]: one `task.cancelled` event (version 2). The task id.
+pub async fn cancelled_task(client: &orbit_sdk::Client) -> String {
+    let task = client
+        .submit_task(QUEUE, None)
+        .await
+        .expect("task submitted");
+    client.cancel_task(&task.id).await.expect("task cancelled");
+    task.id
+}
+
+/// Waits until `sub`'s deliveries are all ACKED (and, with `count`, that many).
+pub async fn all_acked(
+    client: &orbit_sdk::Client,
+    sub: &orbit_sdk::SubscriptionId,
+    count: Option<usize>,
+    within: std::time::Duration,
+) {
+    eventually(within, "every delivery ACKED", || {
+        let (client, sub) = (client.clone(), sub.clone());
+        async move {
+            let d = client
+                .list_deliveries(&sub, &Default::default())
+                .await
+                .expect("deliveries listed");
+            count.is_none_or(|n| d.len() == n) && d.iter().all(|d| d.state == "ACKED")
+        }
+    })
+    .await;
+}
+
+/// A platform started with `args` (see [`OrbitDev::start`]), the receiver's tables, a
+/// subscription to `types` on [`QUEUE`], and the environment `receiver consume` needs for it.
+pub async fn subscribed_receiver(
+    args: &[&str],
+    types: &[&str],
+) -> (
+    OrbitDev,
+    orbit_sdk::Client,
+    orbit_sdk::wire::Subscription,
+    Vec<(&'static str, String)>,
+) {
+    let orbit = OrbitDev::start(args).await;
+    orbit.init_receiver().await;
+    let client = orbit.client();
+    let sub = client
+        .create_subscription(QUEUE, types)
+        .await
+        .expect("subscription created");
+    let mut env = orbit.receiver_env();
+    env.push(("ORBIT_SUBSCRIPTION_ID", sub.id.to_string()));
+    (orbit, client, sub, env)
+}
