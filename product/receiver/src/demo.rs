@@ -65,161 +65,65 @@ impl fmt::Display for DemoError {
 
 impl std::error::Error for DemoError {}
 
-/// What the handler saw of this program's event.
-#[derive(Debug, Default)]
-struct Seen {
-    first: Option<Outcome>,
-    second: Option<Outcome>,
+/// What the handler saw of this program's event: the outcomes of its two applies.
+type Seen = Arc<Mutex<Option<[Outcome; 2]>>>;
+
+/// Which step the demo is at, so that a timeout can name it.
+#[derive(Clone, Default)]
+struct Progress(Arc<Mutex<&'static str>>);
+
+impl Progress {
+    /// Enters step `name` and logs it; the error a failure there becomes.
+    fn at(&self, name: &'static str) -> impl Fn(String) -> DemoError {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = name;
+        tracing::info!(step = name, "demo");
+        move |detail: String| DemoError { step: name, detail }
+    }
+
+    fn current(&self) -> &'static str {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// The demo's own subscription and task on the platform.
+struct Made {
+    subscription: orbit_sdk::wire::Subscription,
+    task: String,
+    own_task: TaskId,
 }
 
 /// Runs the demo within [`DEMO_TIMEOUT`].
 pub async fn run(config: &DemoConfig) -> Result<DemoReport, DemoError> {
-    let step: Arc<Mutex<&'static str>> = Arc::new(Mutex::new("start"));
-    match tokio::time::timeout(DEMO_TIMEOUT, steps(config, step.clone())).await {
+    let progress = Progress::default();
+    match tokio::time::timeout(DEMO_TIMEOUT, steps(config, &progress)).await {
         Ok(result) => result,
         Err(_) => Err(DemoError {
-            step: *step.lock().unwrap_or_else(|p| p.into_inner()),
+            step: progress.current(),
             detail: format!("the demo did not finish within {DEMO_TIMEOUT:?}"),
         }),
     }
 }
 
-async fn steps(
-    config: &DemoConfig,
-    current: Arc<Mutex<&'static str>>,
-) -> Result<DemoReport, DemoError> {
-    let at = |name: &'static str| {
-        *current.lock().unwrap_or_else(|p| p.into_inner()) = name;
-        tracing::info!(step = name, "demo");
-        move |detail: String| DemoError { step: name, detail }
-    };
-    let queue = config.platform.queue.clone();
-
-    let fail = at("connect to the receiver database");
-    let store = Arc::new(
-        Store::connect(
-            &config.dsn,
-            config.name.clone(),
-            queue.clone(),
-            StoreOptions::default(),
-        )
-        .await
-        .map_err(|e| fail(e.to_string()))?,
-    );
-    let fail = at("connect to the platform");
-    let client = Client::new(
-        &config.platform.url,
-        config.platform.credentials.token.clone(),
-    )
-    .map_err(|e| fail(e.to_string()))?;
-    let fail = at("create the subscription");
-    let subscription = client
-        .create_subscription(queue.as_str(), &["task.cancelled"])
-        .await
-        .map_err(|e| fail(e.to_string()))?;
-    let fail = at("submit the task");
-    let task = client
-        .submit_task(queue.as_str(), None)
-        .await
-        .map_err(|e| fail(e.to_string()))?;
-    let fail = at("cancel the task");
-    client
-        .cancel_task(&task.id)
-        .await
-        .map_err(|e| fail(e.to_string()))?;
-
-    let fail = at("consume the task's event");
-    let seen: Arc<Mutex<Seen>> = Arc::default();
-    let own_task = TaskId::new(task.id.clone()).map_err(|e| fail(format!("task id {e}")))?;
-    let consumer = {
-        let (store, seen, queue, own_task) =
-            (store.clone(), seen.clone(), queue.clone(), own_task.clone());
-        EventConsumer::new(client.clone(), subscription.id.clone()).start(move |d| {
-            let (store, seen, queue, own_task) =
-                (store.clone(), seen.clone(), queue.clone(), own_task.clone());
-            async move {
-                let started = std::time::Instant::now();
-                let event = match parse(d.event_json().as_bytes(), &queue) {
-                    Ok(e) => e,
-                    Err(h) => {
-                        h.log(
-                            &d.delivery_id,
-                            d.attempt,
-                            started.elapsed().as_millis() as u64,
-                        );
-                        return Err(NotAcked(h.classification));
-                    }
-                };
-                if event.task() != &own_task {
-                    foreign(&event).log(
-                        &d.delivery_id,
-                        d.attempt,
-                        started.elapsed().as_millis() as u64,
-                    );
-                    return Err(NotAcked(Classification::Foreign));
-                }
-                // The same business transaction twice: the first advances the view, the
-                // second finds the committed inbox record.
-                let mut outcomes = Vec::new();
-                for _ in 0..2 {
-                    let (outcome, h) = apply(&store, &event, None).await;
-                    h.log(
-                        &d.delivery_id,
-                        d.attempt,
-                        started.elapsed().as_millis() as u64,
-                    );
-                    match outcome {
-                        Some(o) => outcomes.push(o),
-                        None => return Err(NotAcked(h.classification)),
-                    }
-                }
-                let mut s = seen.lock().unwrap_or_else(|p| p.into_inner());
-                s.first = outcomes.first().copied();
-                s.second = outcomes.get(1).copied();
-                Ok(())
-            }
-        })
-    };
-    let mut events = consumer.events();
-
-    let fail = at("wait for the ACK to be confirmed");
-    let confirmed = loop {
-        match events.recv().await {
-            Ok(ConsumerEvent::Ack {
-                delivery_id,
-                result,
-                reason,
-            }) => {
-                let ours = client
-                    .get_delivery(&delivery_id)
-                    .await
-                    .map(|d| d.task_id == task.id)
-                    .unwrap_or(false);
-                if !ours {
-                    continue;
-                }
-                match result {
-                    AckResult::Acked | AckResult::AlreadyAcked => break delivery_id,
-                    // Refused, or an answer newer than this program: not an ACK.
-                    _ => {
-                        let _ = consumer.shutdown(STOP_TIMEOUT).await;
-                        return Err(fail(format!(
-                            "the platform refused the ACK: {}",
-                            reason.unwrap_or_default()
-                        )));
-                    }
-                }
-            }
-            Ok(ConsumerEvent::Disconnected { reason, .. }) => {
-                tracing::warn!(reason = %reason, "stream disconnected; reconnecting");
-            }
-            Ok(_) => {}
-            Err(e) => return Err(fail(e.to_string())),
+/// The steps, in order; each names itself before it starts.
+async fn steps(config: &DemoConfig, progress: &Progress) -> Result<DemoReport, DemoError> {
+    let (store, client) = connect(config, progress).await?;
+    let made = subscribe_and_cancel(&client, config, progress).await?;
+    let _consuming = progress.at("consume the task's event");
+    let seen = Seen::default();
+    let consumer = EventConsumer::new(client.clone(), made.subscription.id.clone()).start({
+        let (store, seen, own_task) = (store.clone(), seen.clone(), made.own_task.clone());
+        move |d| handle(store.clone(), seen.clone(), own_task.clone(), d)
+    });
+    let events = consumer.events();
+    let confirmed = match ack_confirmed(events, &client, &made.task, progress).await {
+        Ok(id) => id,
+        Err(e) => {
+            let _ = consumer.shutdown(STOP_TIMEOUT).await;
+            return Err(e);
         }
     };
     tracing::info!(delivery_id = %confirmed, "ack confirmed");
-
-    let fail = at("stop the consumer");
+    let fail = progress.at("stop the consumer");
     let stopped = tokio::time::timeout(
         STOP_TIMEOUT + Duration::from_millis(200),
         consumer.shutdown(STOP_TIMEOUT),
@@ -230,29 +134,164 @@ async fn steps(
             "the consumer did not stop within {STOP_TIMEOUT:?}"
         )));
     }
+    read_back(&store, &client, &made, &seen, progress).await
+}
 
-    let fail = at("read the view");
+/// The store on the receiver's database, and the platform's client.
+async fn connect(
+    config: &DemoConfig,
+    progress: &Progress,
+) -> Result<(Arc<Store>, Client), DemoError> {
+    let fail = progress.at("connect to the receiver database");
+    let store = Store::connect(
+        &config.dsn,
+        config.name.clone(),
+        config.platform.queue.clone(),
+        StoreOptions::default(),
+    )
+    .await
+    .map_err(|e| fail(e.to_string()))?;
+    let fail = progress.at("connect to the platform");
+    let client = Client::new(
+        &config.platform.url,
+        config.platform.credentials.token.clone(),
+    )
+    .map_err(|e| fail(e.to_string()))?;
+    Ok((Arc::new(store), client))
+}
+
+/// A new subscription for `task.cancelled`, and a task submitted and cancelled.
+async fn subscribe_and_cancel(
+    client: &Client,
+    config: &DemoConfig,
+    progress: &Progress,
+) -> Result<Made, DemoError> {
+    let queue = config.platform.queue.as_str();
+    let fail = progress.at("create the subscription");
+    let subscription = client
+        .create_subscription(queue, &["task.cancelled"])
+        .await
+        .map_err(|e| fail(e.to_string()))?;
+    let fail = progress.at("submit the task");
+    let task = client
+        .submit_task(queue, None)
+        .await
+        .map_err(|e| fail(e.to_string()))?;
+    let fail = progress.at("cancel the task");
+    client
+        .cancel_task(&task.id)
+        .await
+        .map_err(|e| fail(e.to_string()))?;
+    let own_task = TaskId::new(task.id.clone()).map_err(|e| fail(format!("task id {e}")))?;
+    Ok(Made {
+        subscription,
+        task: task.id,
+        own_task,
+    })
+}
+
+/// One delivery: this program's event runs the business transaction twice (the first
+/// advances the view, the second finds the committed inbox record); another program's is
+/// refused.
+async fn handle(
+    store: Arc<Store>,
+    seen: Seen,
+    own_task: TaskId,
+    d: orbit_sdk::Delivery,
+) -> Result<(), NotAcked> {
+    let started = std::time::Instant::now();
+    let log = |h: &crate::delivery::Handled| {
+        h.log(
+            &d.delivery_id,
+            d.attempt,
+            started.elapsed().as_millis() as u64,
+        )
+    };
+    let event = parse(d.event_json().as_bytes(), store.queue()).map_err(|h| {
+        log(&h);
+        NotAcked(h.classification)
+    })?;
+    if event.task() != &own_task {
+        log(&foreign(&event));
+        return Err(NotAcked(Classification::Foreign));
+    }
+    let mut outcomes = Vec::new();
+    for _ in 0..2 {
+        let (outcome, h) = apply(&store, &event, None).await;
+        log(&h);
+        outcomes.push(outcome.ok_or(NotAcked(h.classification))?);
+    }
+    *seen.lock().unwrap_or_else(|p| p.into_inner()) = Some([outcomes[0], outcomes[1]]);
+    Ok(())
+}
+
+/// Waits until the platform confirms the ACK of this task's delivery; its id.
+async fn ack_confirmed(
+    mut events: tokio::sync::broadcast::Receiver<ConsumerEvent>,
+    client: &Client,
+    task: &str,
+    progress: &Progress,
+) -> Result<orbit_sdk::DeliveryId, DemoError> {
+    let fail = progress.at("wait for the ACK to be confirmed");
+    loop {
+        match events.recv().await {
+            Ok(ConsumerEvent::Ack {
+                delivery_id,
+                result,
+                reason,
+            }) => {
+                let ours = client
+                    .get_delivery(&delivery_id)
+                    .await
+                    .is_ok_and(|d| d.task_id == task);
+                if !ours {
+                    continue;
+                }
+                return match result {
+                    AckResult::Acked | AckResult::AlreadyAcked => Ok(delivery_id),
+                    // Refused, or an answer newer than this program: not an ACK.
+                    _ => Err(fail(format!(
+                        "the platform refused the ACK: {}",
+                        reason.unwrap_or_default()
+                    ))),
+                };
+            }
+            Ok(ConsumerEvent::Disconnected { reason, .. }) => {
+                tracing::warn!(reason = %reason, "stream disconnected; reconnecting");
+            }
+            Ok(_) => {}
+            Err(e) => return Err(fail(e.to_string())),
+        }
+    }
+}
+
+/// Reads everything back (the view, the handler's outcomes, the platform's deliveries),
+/// pauses the subscription and reports.
+async fn read_back(
+    store: &Store,
+    client: &Client,
+    made: &Made,
+    seen: &Seen,
+    progress: &Progress,
+) -> Result<DemoReport, DemoError> {
+    let fail = progress.at("read the view");
     let view = store
-        .view(&own_task)
+        .view(&made.own_task)
         .await
         .map_err(|e| fail(e.to_string()))?
         .ok_or_else(|| fail("no view row for the task after a confirmed ACK".into()))?;
-    let fail = at("read the handler's outcomes");
-    let (first, second) = {
-        let s = seen.lock().unwrap_or_else(|p| p.into_inner());
-        (s.first, s.second)
-    };
-    if first.is_none() {
+    let fail = progress.at("read the handler's outcomes");
+    let Some([_, second]) = *seen.lock().unwrap_or_else(|p| p.into_inner()) else {
         return Err(fail("the handler never ran for the task's event".into()));
-    }
-    let inbox_duplicate = second == Some(Outcome::Duplicate { applied: true });
+    };
+    let inbox_duplicate = second == Outcome::Duplicate { applied: true };
 
-    let fail = at("read the deliveries");
+    let fail = progress.at("read the deliveries");
     let deliveries = client
         .list_deliveries(
-            &subscription.id,
+            &made.subscription.id,
             &DeliveryFilter {
-                task_id: Some(task.id.clone()),
+                task_id: Some(made.task.clone()),
                 ..DeliveryFilter::default()
             },
         )
@@ -264,20 +303,20 @@ async fn steps(
         .filter(|d| d.state == "PENDING" || d.state == "LEASED")
         .count();
 
-    let fail = at("pause the subscription");
+    let fail = progress.at("pause the subscription");
     client
-        .pause_subscription(&subscription.id)
+        .pause_subscription(&made.subscription.id)
         .await
         .map_err(|e| fail(e.to_string()))?;
     let enabled = client
-        .get_subscription(&subscription.id)
+        .get_subscription(&made.subscription.id)
         .await
         .map_err(|e| fail(e.to_string()))?
         .enabled;
     store.close().await;
 
     Ok(DemoReport {
-        task: task.id,
+        task: made.task.clone(),
         state: view.last_state,
         inbox_duplicate,
         applied_events: view.applied_events,

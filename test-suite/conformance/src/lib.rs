@@ -27,7 +27,7 @@ pub use events::EventSpec;
 pub use http::{http_json, http_raw};
 pub use ledger::{check_ledger, Ledger};
 pub use orbit::{all_acked, bootstrap, cancelled_task, subscribed_receiver, OrbitDev};
-pub use wait::eventually;
+pub use wait::{eventually, poll, poll_blocking};
 
 /// The queue the suite's events come from unless a test says otherwise.
 pub const QUEUE: &str = "inbox-demo";

@@ -13,7 +13,7 @@ use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use nix::sys::signal::{kill, killpg, Signal};
 use nix::unistd::Pid;
@@ -148,16 +148,11 @@ impl Proc {
 
     /// Waits up to `within` for it to end; how it ended, or `None` if it is still running.
     pub async fn wait_within(&mut self, within: Duration) -> Option<ExitStatus> {
-        let end = Instant::now() + within;
-        loop {
-            if let Some(status) = self.try_wait() {
-                return Some(status);
-            }
-            if Instant::now() >= end {
-                return None;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        crate::poll(within, Duration::from_millis(20), || {
+            let status = self.try_wait();
+            async move { status }
+        })
+        .await
     }
 
     /// Waits for it to end, blocking the thread.
@@ -252,23 +247,24 @@ impl Consumer {
     /// Waits until the process stops at barrier `point`; panics (with the log) if it exits or
     /// `within` passes first.
     pub async fn wait_barrier(&mut self, point: &str, within: Duration) -> Hit {
-        let deadline = Instant::now() + within;
-        loop {
-            if let Some(hit) = self.hits().into_iter().find(|h| h.point == point) {
-                return hit;
-            }
-            if let Some(status) = self.try_wait() {
-                panic!(
-                    "the consumer exited ({status}) before barrier {point}; its output:\n{}",
-                    self.output()
-                );
-            }
-            assert!(
-                Instant::now() < deadline,
+        let seen = crate::poll(within, Duration::from_millis(20), || {
+            let seen = match self.hits().into_iter().find(|h| h.point == point) {
+                Some(hit) => Some(Ok(hit)),
+                None => self.try_wait().map(Err),
+            };
+            async move { seen }
+        })
+        .await;
+        match seen {
+            Some(Ok(hit)) => hit,
+            Some(Err(status)) => panic!(
+                "the consumer exited ({status}) before barrier {point}; its output:\n{}",
+                self.output()
+            ),
+            None => panic!(
                 "the consumer did not reach barrier {point} within {within:?}; its output:\n{}",
                 self.output()
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            ),
         }
     }
 
@@ -311,15 +307,20 @@ impl Consumer {
     /// output. Waits first (up to 20 s) for the `starting` line, which consume logs once it
     /// handles signals: a SIGTERM before that ends any process by the signal's default action.
     pub async fn stop(mut self) -> String {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while !self.output().contains("starting:") {
-            assert!(
-                Instant::now() < deadline && self.try_wait().is_none(),
-                "consume never logged that it started; its output:\n{}",
-                self.output()
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        let started = crate::poll(Duration::from_secs(20), Duration::from_millis(20), || {
+            let seen = if self.output().contains("starting:") {
+                Some(true)
+            } else {
+                self.try_wait().map(|_| false)
+            };
+            async move { seen }
+        })
+        .await;
+        assert!(
+            started == Some(true),
+            "consume never logged that it started; its output:\n{}",
+            self.output()
+        );
         self.signal(Signal::SIGTERM);
         assert!(
             self.proc

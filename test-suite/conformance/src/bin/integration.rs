@@ -328,52 +328,96 @@ fn main() -> ExitCode {
         println!("{USAGE}");
         return ExitCode::SUCCESS;
     }
-    let options = match parse_args() {
-        Ok(o) => o,
-        Err(e) => {
+    let started = Instant::now();
+    let result = parse_args()
+        .map_err(|e| (e, ExitCode::from(2)))
+        .and_then(|options| plan(options).map_err(|e| (e, ExitCode::FAILURE)));
+    let plan = match result {
+        Ok(plan) => plan,
+        Err((e, code)) => {
             eprintln!("integration: {e}");
-            return ExitCode::from(2);
+            return code;
         }
     };
-    let started = Instant::now();
-    let bin = match test_binary(options.containers).and_then(|b| suites(&b).map(|s| (b, s))) {
-        Ok(found) => found,
+    let run_id = format!("{}-{}", std::process::id(), started.elapsed().as_nanos());
+    let (run_dir, log_dir) = match directories(&plan.bin) {
+        Ok(dirs) => dirs,
         Err(e) => {
             eprintln!("integration: {e}");
             return ExitCode::FAILURE;
         }
     };
-    let (bin, mut all) = bin;
+    let containers = plan.options.containers;
+    let not_run = plan.not_run.clone();
+    let run = Run {
+        bin: plan.bin.clone(),
+        run_dir: run_dir.clone(),
+        log_dir: log_dir.clone(),
+        run_id: run_id.clone(),
+        extra: plan.options.extra.clone(),
+        containers,
+    };
+    let results = run_suites(run, plan);
+    let mut ok = report(&results, &not_run, containers, started);
+    ok &= cleanup_checked(&run_id, &run_dir, &results);
+    // The suites' temporary directories go, pass or fail; the logs stay in the build directory.
+    let _ = fs::remove_dir_all(&run_dir);
+    if ok {
+        ExitCode::SUCCESS
+    } else {
+        println!("integration: FAILED; logs in {}", log_dir.display());
+        ExitCode::FAILURE
+    }
+}
+
+/// What a run will do: the test binary, the suites to run, and those the container run leaves
+/// out (with why).
+struct Plan {
+    options: Options,
+    bin: PathBuf,
+    suites: BTreeMap<String, Vec<String>>,
+    not_run: Vec<(&'static str, usize, &'static str)>,
+}
+
+/// Builds the test binary, lists its suites and keeps those `options` asks for.
+fn plan(options: Options) -> Result<Plan, String> {
+    let bin = test_binary(options.containers)?;
+    let mut suites = suites(&bin)?;
     #[allow(clippy::disallowed_methods)] // the engine's address, for the container run
     let engine = std::env::var_os("DOCKER_HOST");
     if options.containers && engine.is_none() {
-        eprintln!(
-            "integration: --containers needs a Docker engine in DOCKER_HOST; run it as `make integration-containers`"
+        return Err(
+            "--containers needs a Docker engine in DOCKER_HOST; run it as `make integration-containers`"
+                .into(),
         );
-        return ExitCode::from(2);
     }
     if let Some(only) = &options.only {
-        for name in only {
-            if !all.contains_key(name) {
-                eprintln!(
-                    "integration: no suite {name:?}; suites: {}",
-                    all.keys().cloned().collect::<Vec<_>>().join(", ")
-                );
-                return ExitCode::from(2);
-            }
+        if let Some(name) = only.iter().find(|name| !suites.contains_key(*name)) {
+            return Err(format!(
+                "no suite {name:?}; suites: {}",
+                suites.keys().cloned().collect::<Vec<_>>().join(", ")
+            ));
         }
-        all.retain(|k, _| only.contains(k));
+        suites.retain(|k, _| only.contains(k));
     }
     let mut not_run = Vec::new();
     if options.containers {
         for (suite, why) in LOCAL_ONLY {
-            if let Some(tests) = all.remove(*suite) {
+            if let Some(tests) = suites.remove(*suite) {
                 not_run.push((*suite, tests.len(), *why));
             }
         }
     }
+    Ok(Plan {
+        options,
+        bin,
+        suites,
+        not_run,
+    })
+}
 
-    let run_id = format!("{}-{}", std::process::id(), started.elapsed().as_nanos());
+/// The run's scratch directory and its log directory, both made empty.
+fn directories(bin: &Path) -> Result<(PathBuf, PathBuf), String> {
     // Short: a MySQL socket path under it must stay within 107 bytes.
     let run_dir = std::env::temp_dir().join(format!("ri-it-{}", std::process::id()));
     // Logs stay in the build directory (target/integration-logs), not in a temporary one.
@@ -385,14 +429,16 @@ fn main() -> ExitCode {
     let _ = fs::remove_dir_all(&run_dir);
     let _ = fs::remove_dir_all(&log_dir);
     for dir in [&run_dir, &log_dir] {
-        if let Err(e) = fs::create_dir_all(dir) {
-            eprintln!("integration: cannot create {}: {e}", dir.display());
-            return ExitCode::FAILURE;
-        }
+        fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
     }
+    Ok((run_dir, log_dir))
+}
+
+/// Runs every suite of `plan`, `jobs` at a time, longest first; the outcomes by suite name.
+fn run_suites(run: Run, plan: Plan) -> Vec<Outcome> {
     // Longest suites first (the Galera cluster's, then the fault suite), so that neither
     // starts last.
-    let mut queue: Vec<(String, Vec<String>)> = all.into_iter().collect();
+    let mut queue: Vec<(String, Vec<String>)> = plan.suites.into_iter().collect();
     queue.sort_by_key(|(name, tests)| {
         (
             name != "galera",
@@ -404,20 +450,13 @@ fn main() -> ExitCode {
     println!(
         "integration: {} suites, {} at a time, each with its own temporary MySQL server; logs in {}",
         queue.len(),
-        options.jobs,
-        log_dir.display()
+        plan.options.jobs,
+        run.log_dir.display()
     );
     let queue = Arc::new(Mutex::new(queue));
     let results = Arc::new(Mutex::new(Vec::new()));
-    let run = Arc::new(Run {
-        bin,
-        run_dir: run_dir.clone(),
-        log_dir: log_dir.clone(),
-        run_id: run_id.clone(),
-        extra: options.extra.clone(),
-        containers: options.containers,
-    });
-    let workers: Vec<_> = (0..options.jobs)
+    let run = Arc::new(run);
+    let workers: Vec<_> = (0..plan.options.jobs)
         .map(|_| {
             let (queue, results, run) = (queue.clone(), results.clone(), run.clone());
             std::thread::spawn(move || loop {
@@ -439,25 +478,22 @@ fn main() -> ExitCode {
     }
     let mut results = std::mem::take(&mut *results.lock().unwrap_or_else(|p| p.into_inner()));
     results.sort_by(|a, b| a.suite.cmp(&b.suite));
+    results
+}
 
-    // Failed suites: their output.
+/// Prints the failed suites' output, the summary table, what the container run left out or
+/// ran locally, and the figures the suites report; whether every suite passed on the servers
+/// it should have had.
+fn report(
+    results: &[Outcome],
+    not_run: &[(&'static str, usize, &'static str)],
+    containers: bool,
+    started: Instant,
+) -> bool {
     for o in results.iter().filter(|o| !o.ok) {
         println!("\n===== {} (failed) — {} =====", o.suite, o.log.display());
         println!("{}", fs::read_to_string(&o.log).unwrap_or_default());
     }
-
-    // What was left behind. Give exiting processes a moment to be reaped.
-    let mut leftovers = leftover_processes(&run_id);
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while !leftovers.is_empty() && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(100));
-        leftovers = leftover_processes(&run_id);
-    }
-    let files: Vec<PathBuf> = results
-        .iter()
-        .flat_map(|o| conformance::files_under(&run_dir.join(&o.suite)))
-        .collect();
-
     println!(
         "\n{:<14} {:>6} {:>7} {:>7} {:>8} {:>8}{}",
         "suite",
@@ -466,11 +502,11 @@ fn main() -> ExitCode {
         "failed",
         "ignored",
         "seconds",
-        if options.containers { "  servers" } else { "" }
+        if containers { "  servers" } else { "" }
     );
     let mut mismatches = Vec::new();
-    for o in &results {
-        let column = if options.containers {
+    for o in results {
+        let column = if containers {
             let (column, wrong) = servers_had(o);
             mismatches.extend(wrong);
             format!("  {column}")
@@ -482,7 +518,7 @@ fn main() -> ExitCode {
             o.suite, o.tests, o.passed, o.failed, o.ignored, o.seconds
         );
     }
-    for (suite, tests, _) in &not_run {
+    for (suite, tests, _) in not_run {
         println!(
             "{suite:<14} {tests:>6} {:>7} {:>7} {:>8} {:>8}  not run: needs a local server",
             "-", "-", "-", "-"
@@ -498,20 +534,19 @@ fn main() -> ExitCode {
         sum(|o| o.ignored),
         started.elapsed().as_secs_f64()
     );
-    for (suite, _, why) in &not_run {
+    for (suite, _, why) in not_run {
         println!("containers: {suite} not run (make integration runs it): {why}");
     }
-    for o in &results {
-        if let Some(why) = partly_local(&o.suite).filter(|_| options.containers) {
+    for o in results {
+        if let Some(why) = partly_local(&o.suite).filter(|_| containers) {
             println!("containers: {} had local servers too: {why}", o.suite);
         }
     }
     for wrong in &mismatches {
         println!("containers: WRONG SERVER: {wrong}");
     }
-
     // The crash loop's seed, for replaying it, and the Galera suite's figures.
-    for o in &results {
+    for o in results {
         let log = fs::read_to_string(&o.log).unwrap_or_default();
         for line in log
             .lines()
@@ -520,11 +555,24 @@ fn main() -> ExitCode {
             println!("{}", line.split("; plan").next().unwrap_or(line));
         }
     }
-    let mut ok = results.iter().all(|o| o.ok) && mismatches.is_empty();
+    results.iter().all(|o| o.ok) && mismatches.is_empty()
+}
+
+/// Whether the run left nothing behind: no process marked with `run_id` (killed if found),
+/// no file in a suite's scratch directory. Says so either way.
+fn cleanup_checked(run_id: &str, run_dir: &Path, results: &[Outcome]) -> bool {
+    // Give exiting processes a moment to be reaped.
+    let _ = conformance::poll_blocking(Duration::from_secs(5), Duration::from_millis(100), || {
+        leftover_processes(run_id).is_empty().then_some(())
+    });
+    let leftovers = leftover_processes(run_id);
+    let files: Vec<PathBuf> = results
+        .iter()
+        .flat_map(|o| conformance::files_under(&run_dir.join(&o.suite)))
+        .collect();
     if leftovers.is_empty() {
         println!("cleanup: no process of this run is left");
     } else {
-        ok = false;
         for (pid, cmd) in &leftovers {
             println!("cleanup: LEFT BEHIND: process {pid}: {cmd}");
             let _ = Command::new("kill")
@@ -535,21 +583,11 @@ fn main() -> ExitCode {
     if files.is_empty() {
         println!("cleanup: no temporary file or directory of this run is left");
     } else {
-        ok = false;
         for f in files.iter().take(20) {
             println!("cleanup: LEFT BEHIND: {}", f.display());
         }
     }
-    // The suites' temporary directories go, pass or fail; the logs stay in the build directory.
-    let _ = fs::remove_dir_all(&run_dir);
-    if !ok {
-        println!("integration: FAILED; logs in {}", log_dir.display());
-    }
-    if ok {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
-    }
+    leftovers.is_empty() && files.is_empty()
 }
 
 #[cfg(test)]

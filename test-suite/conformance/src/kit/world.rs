@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use orbit_sdk::{DeliveryId, SubscriptionId};
 use secret::Secret;
@@ -12,7 +12,7 @@ use testdb::{Provisioned, Server};
 
 use super::*;
 use crate::process::Proc;
-use crate::{OrbitDev, QUEUE};
+use crate::{poll, OrbitDev, QUEUE};
 
 /// One case's world.
 pub(crate) struct World {
@@ -154,15 +154,13 @@ impl World {
 
     /// Waits (20 s at most) until event `event`'s inbox row is committed.
     pub(crate) async fn committed(&self, event: &str) -> Result<(), String> {
-        let end = Instant::now() + Duration::from_secs(20);
-        while self.inbox(event).await.is_empty() {
-            ensure!(
-                Instant::now() < end,
-                "R-STORE-7: no inbox row for the delivered event within 20 s"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        Ok(())
+        let row = poll(
+            Duration::from_secs(20),
+            Duration::from_millis(20),
+            || async { (!self.inbox(event).await.is_empty()).then_some(()) },
+        )
+        .await;
+        row.ok_or_else(|| "R-STORE-7: no inbox row for the delivered event within 20 s".into())
     }
 
     /// `CMD init` as the account that may create tables, then the runtime grants.
@@ -213,21 +211,20 @@ impl World {
 
     /// The id of `task`'s event of `event_type` (its platform key).
     pub(crate) async fn wait_event_of(&self, task: &str, event_type: &str) -> String {
-        let end = Instant::now() + Duration::from_secs(10);
-        loop {
-            let d = self.deliveries().await;
-            if let Some(d) = d
-                .iter()
-                .find(|d| d.task_id == task && d.event_type == event_type)
-            {
-                return d.event_id.clone();
-            }
-            assert!(
-                Instant::now() < end,
-                "the platform made no {event_type} delivery for task {task}"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        let found = poll(
+            Duration::from_secs(10),
+            Duration::from_millis(50),
+            || async {
+                self.deliveries()
+                    .await
+                    .into_iter()
+                    .find(|d| d.task_id == task && d.event_type == event_type)
+                    .map(|d| d.event_id)
+            },
+        )
+        .await;
+        found
+            .unwrap_or_else(|| panic!("the platform made no {event_type} delivery for task {task}"))
     }
 
     pub(crate) async fn deliveries(&self) -> Vec<orbit_sdk::wire::DeliveryInfo> {
@@ -248,28 +245,35 @@ impl World {
         within: Duration,
         rule: &str,
     ) -> Result<(), String> {
-        let end = Instant::now() + within;
-        loop {
-            let mut open = None;
+        // The first delivery not ACKED, or none.
+        let first_open = || async {
             for id in ids {
                 let d = self.delivery(id).await;
                 if d.state != "ACKED" {
-                    open = Some(d);
-                    break;
+                    return Some(d);
                 }
             }
-            let Some(d) = open else { return Ok(()) };
-            ensure!(
-                Instant::now() < end,
-                "{rule}: delivery {} of event {} is {} after {} attempt(s), not ACKED within {} s",
-                d.id,
-                d.event_id,
-                d.state,
-                d.attempts,
-                within.as_secs()
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+            None
+        };
+        let all = poll(within, Duration::from_millis(100), || async {
+            first_open().await.is_none().then_some(())
+        })
+        .await;
+        let still_open = match all {
+            Some(()) => None,
+            None => first_open().await,
+        };
+        let Some(d) = still_open else {
+            return Ok(());
+        };
+        Err(format!(
+            "{rule}: delivery {} of event {} is {} after {} attempt(s), not ACKED within {} s",
+            d.id,
+            d.event_id,
+            d.state,
+            d.attempts,
+            within.as_secs()
+        ))
     }
 
     /// The deliveries of platform event `event` (its key).

@@ -6,7 +6,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use conformance::process::Consumer;
 use conformance::{files_under, subscribed_receiver, QUEUE};
@@ -75,17 +75,16 @@ fn read_pids(file: &Path) -> Vec<u32> {
 
 /// Waits up to 10 s for every pid to be gone.
 fn assert_gone(pids: &[u32]) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while pids.iter().any(|p| testdb::process_alive(*p)) {
-        assert!(
-            Instant::now() < deadline,
-            "still running after the failed run: {:?}",
-            pids.iter()
-                .filter(|p| testdb::process_alive(**p))
-                .collect::<Vec<_>>()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let alive = || -> Vec<&u32> { pids.iter().filter(|p| testdb::process_alive(**p)).collect() };
+    let gone =
+        conformance::poll_blocking(Duration::from_secs(10), Duration::from_millis(50), || {
+            alive().is_empty().then_some(())
+        });
+    assert!(
+        gone.is_some(),
+        "still running after the failed run: {:?}",
+        alive()
+    );
 }
 
 #[test]
@@ -110,22 +109,16 @@ fn a_panicking_run_leaves_no_process_and_no_temporary_file() {
 #[test]
 fn a_killed_run_leaves_no_process_and_the_next_run_sweeps_its_directories() {
     let (mut child, tmp, pids_file) = start_doomed("hang");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let pids = loop {
-        let pids = read_pids(&pids_file);
-        if pids.len() == 3 {
-            break pids;
-        }
-        assert!(
-            child.try_wait().unwrap().is_none(),
-            "the doomed run ended early"
-        );
-        assert!(
-            Instant::now() < deadline,
-            "the doomed run did not set up within 60 s"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let pids =
+        conformance::poll_blocking(Duration::from_secs(60), Duration::from_millis(50), || {
+            let pids = read_pids(&pids_file);
+            assert!(
+                pids.len() == 3 || child.try_wait().unwrap().is_none(),
+                "the doomed run ended early"
+            );
+            (pids.len() == 3).then_some(pids)
+        })
+        .expect("the doomed run did not set up within 60 s");
     child.kill().unwrap();
     child.wait().unwrap();
     // PR_SET_PDEATHSIG takes the server, the platform and the consumer with it.

@@ -355,17 +355,11 @@ async fn the_binary_is_driven_through_its_control_interface() {
 
     // SIGTERM stops it cleanly.
     sigterm(child.id());
-    let deadline = Instant::now() + Duration::from_secs(5);
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "commit-proxy did not stop on SIGTERM"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let status =
+        conformance::poll_blocking(Duration::from_secs(5), Duration::from_millis(20), || {
+            child.try_wait().unwrap()
+        })
+        .expect("commit-proxy did not stop on SIGTERM");
     assert!(status.success(), "{status}");
 }
 

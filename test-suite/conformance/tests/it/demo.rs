@@ -339,20 +339,20 @@ async fn consume_stopped_during_start_up_exits_cleanly() {
     let mut consume = spawn(piped(receiver(&["consume"], &env)));
     // Wait until its request arrives: then it is waiting for the subscription.
     silent.set_nonblocking(true).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let accepted = loop {
-        if let Ok((c, _)) = silent.accept() {
-            break c;
-        }
-        if let Some(status) = consume.try_wait().unwrap() {
+    let asked = conformance::poll(Duration::from_secs(10), Duration::from_millis(20), || {
+        let seen = match silent.accept() {
+            Ok((c, _)) => Some(Ok(c)),
+            Err(_) => consume.try_wait().unwrap().map(Err),
+        };
+        async move { seen }
+    })
+    .await;
+    let accepted = match asked.expect("consume never asked the platform") {
+        Ok(c) => c,
+        Err(status) => {
             let out = consume.wait_with_output().unwrap();
             panic!("consume exited ({status}): {}", text(&out.stderr));
         }
-        assert!(
-            Instant::now() < deadline,
-            "consume never asked the platform"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
     };
     sigterm(&consume);
     let out = tokio::time::timeout(

@@ -4,7 +4,7 @@
 //! MySQL servers, one of them stopped and started again.
 
 use std::io::Write;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use conformance::process::{receiver_faults_bin, Consumer, BARRIERS};
 use conformance::{
@@ -30,18 +30,12 @@ async fn delivery_reaches(
     state: &str,
     within: Duration,
 ) -> DeliveryInfo {
-    let deadline = Instant::now() + within;
-    loop {
+    let reached = conformance::poll(within, Duration::from_millis(100), || async {
         let d = client.get_delivery(id).await.unwrap();
-        if d.state == state {
-            return d;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "delivery {id} did not become {state} within {within:?}: {d:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        (d.state == state).then_some(d)
+    })
+    .await;
+    reached.unwrap_or_else(|| panic!("delivery {id} did not become {state} within {within:?}"))
 }
 
 /// The lines of `output` that are this event's delivery log lines.
@@ -792,15 +786,16 @@ async fn crash_loop_of_twenty_kills_loses_nothing_and_applies_nothing_twice() {
         match kill {
             Kill::At(point, hit) => {
                 let mut c = Consumer::faulty(&env, &format!("{point}@{hit}"));
-                let deadline = Instant::now() + Duration::from_secs(6);
-                while c.hits().is_empty() && Instant::now() < deadline {
+                conformance::poll(Duration::from_secs(6), Duration::from_millis(20), || {
+                    let hit = !c.hits().is_empty();
                     assert!(
-                        c.try_wait().is_none(),
+                        hit || c.try_wait().is_none(),
                         "seed {seed}, round {round}: the consumer exited: {}",
                         c.output()
                     );
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                }
+                    async move { hit.then_some(()) }
+                })
+                .await;
                 if c.hits().is_empty() {
                     missed.push((round, kill.clone()));
                 }

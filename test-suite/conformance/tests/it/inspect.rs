@@ -273,17 +273,19 @@ async fn inspect_shows_an_expired_delivery_and_survives_the_platform_going_down(
             }
         }
     }
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while client
-        .list_deliveries(&sub.id, &Default::default())
-        .await
-        .unwrap()[0]
-        .state
-        != "EXPIRED"
-    {
-        assert!(std::time::Instant::now() < deadline);
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    }
+    conformance::eventually(
+        std::time::Duration::from_secs(10),
+        "the delivery to be EXPIRED",
+        || async {
+            client
+                .list_deliveries(&sub.id, &Default::default())
+                .await
+                .unwrap()[0]
+                .state
+                == "EXPIRED"
+        },
+    )
+    .await;
 
     let mut env = orbit.receiver_env();
     env.push(("ORBIT_SUBSCRIPTION_ID", sub.id.to_string()));

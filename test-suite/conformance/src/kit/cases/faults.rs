@@ -1,14 +1,14 @@
 //! Cases with a fault the kit makes: a kill after COMMIT, the answer to COMMIT held or lost by
 //! the proxy, the database killed and started again, and a seeded crash loop.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use commit_proxy::{Action, RuleSpec};
 use orbit_sdk::DeliveryId;
 
 use crate::kit::world::*;
 use crate::kit::*;
-use crate::QUEUE;
+use crate::{poll, QUEUE};
 
 pub(crate) async fn kill_after_commit(ctx: Ctx) -> Verdict {
     // R-FAULT-4 names the real lease.
@@ -117,18 +117,20 @@ pub(crate) async fn commit_lost(ctx: Ctx) -> Verdict {
     // before the COMMIT was answered at all (R-STORE-7). One seen only after it, at the first
     // attempt, came without an answer: most likely a COMMIT of unknown outcome taken as
     // success (R-STORE-8), though an ACK racing ahead of its COMMIT can land there too.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while rule.firings().is_empty() {
-        ensure!(
-            w.delivery(&id).await.state != "ACKED" || !rule.firings().is_empty(),
-            "R-STORE-7: the delivery was ACKed before its COMMIT was answered: ACK only after COMMIT succeeds"
-        );
-        ensure!(
-            Instant::now() < deadline,
-            "R-STORE-7: the receiver sent no COMMIT through its DSN within 20 s"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let dropped = poll(Duration::from_secs(20), Duration::from_millis(20), || async {
+        if !rule.firings().is_empty() {
+            return Some(Ok(()));
+        }
+        let acked = w.delivery(&id).await.state == "ACKED";
+        // An ACK counts as early only if the drop had not happened meanwhile.
+        (acked && rule.firings().is_empty()).then(|| {
+            Err("R-STORE-7: the delivery was ACKed before its COMMIT was answered: ACK only after COMMIT succeeds".to_owned())
+        })
+    })
+    .await;
+    dropped.unwrap_or_else(|| {
+        Err("R-STORE-7: the receiver sent no COMMIT through its DSN within 20 s".into())
+    })?;
     let at_drop = w.delivery(&id).await;
     ensure!(
         at_drop.state != "ACKED" || at_drop.attempts >= 2,

@@ -11,7 +11,7 @@ use result_inbox::Digest;
 
 use crate::kit::world::*;
 use crate::kit::*;
-use crate::QUEUE;
+use crate::{poll, QUEUE};
 
 pub(crate) async fn queue_mismatch(ctx: Ctx) -> Verdict {
     let mut w = World::start(&ctx, SHORT_LEASE).await;
@@ -28,22 +28,23 @@ pub(crate) async fn queue_mismatch(ctx: Ctx) -> Verdict {
         }
     }
     let mut p = w.spawn("consume", &env);
-    let end = Instant::now() + Duration::from_secs(20);
-    let status = loop {
-        let d = w.delivery(&id).await;
-        ensure!(
-            d.attempts == 0 && w.inbox(&key).await.is_empty(),
-            "R-CLI-3: consume for queue {OTHER_QUEUE} on a subscription of {QUEUE} took its events (delivery {} after {} attempt(s)) instead of refusing to start",
-            d.state,
-            d.attempts
-        );
-        if let Some(status) = p.wait_within(Duration::from_millis(200)).await {
-            break Some(status);
+    // Watched every 200 ms until it exits (20 s at most): any delivery taken meanwhile fails.
+    let watched = poll(Duration::from_secs(20), Duration::from_millis(200), || {
+        let exited = p.try_wait();
+        let (w, id, key) = (&w, &id, &key);
+        async move {
+            let d = w.delivery(id).await;
+            if d.attempts != 0 || !w.inbox(key).await.is_empty() {
+                return Some(Err(format!(
+                    "R-CLI-3: consume for queue {OTHER_QUEUE} on a subscription of {QUEUE} took its events (delivery {} after {} attempt(s)) instead of refusing to start",
+                    d.state, d.attempts
+                )));
+            }
+            exited.map(Ok)
         }
-        if Instant::now() >= end {
-            break None;
-        }
-    };
+    })
+    .await;
+    let status = watched.transpose()?;
     ensure!(
         status.is_some_and(|s| !s.success()),
         "R-CLI-3: consume for queue {OTHER_QUEUE} on a subscription of {QUEUE} must refuse to start; it {}",

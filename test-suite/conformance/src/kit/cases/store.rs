@@ -1,7 +1,7 @@
 //! Cases on what one event does to the two tables: the first receipt, a duplicate, an older
 //! version, a conflict, and the content kept exactly (states, numbers, times).
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use orbit_sdk::DeliveryId;
 use result_inbox::Digest;
@@ -9,7 +9,7 @@ use serde_json::value::RawValue;
 
 use crate::kit::world::*;
 use crate::kit::*;
-use crate::QUEUE;
+use crate::{poll, QUEUE};
 
 pub(crate) async fn first_receipt(ctx: Ctx) -> Verdict {
     let (w, _p, task, key) = World::first_event(&ctx, SHORT_LEASE).await?;
@@ -72,21 +72,29 @@ pub(crate) async fn duplicate(ctx: Ctx) -> Verdict {
         .collect();
     // A duplicate is resolved inside its first lease: once one was handed out again, the
     // receiver did not ACK it.
-    let end = Instant::now() + Duration::from_secs(30);
     for id in &again {
-        loop {
-            let d = w.delivery(id).await;
-            ensure!(
-                d.attempts <= 1 && Instant::now() < end,
-                "R-STORE-4: the duplicate (delivery {id}) was not ACKed at its first attempt: it is {} after {} attempt(s); a duplicate is ACKed at once",
-                d.state,
-                d.attempts
-            );
-            if d.state == "ACKED" {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        let seen = poll(
+            Duration::from_secs(30),
+            Duration::from_millis(50),
+            || async {
+                let d = w.delivery(id).await;
+                match (d.attempts, d.state.as_str()) {
+                    (0 | 1, "ACKED") => Some(Ok(())),
+                    (0 | 1, _) => None,
+                    _ => Some(Err(d)),
+                }
+            },
+        )
+        .await;
+        let stuck = match seen {
+            Some(Ok(())) => continue,
+            Some(Err(d)) => d,
+            None => w.delivery(id).await,
+        };
+        return Err(format!(
+            "R-STORE-4: the duplicate (delivery {id}) was not ACKed at its first attempt: it is {} after {} attempt(s); a duplicate is ACKed at once",
+            stuck.state, stuck.attempts
+        ));
     }
     let rows = w.inbox(&key).await.len();
     let view = w.view(&task).await.ok_or("R-STORE-5: no view")?;
