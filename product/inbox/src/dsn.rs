@@ -225,21 +225,6 @@ mod tests {
             Dsn::parse("mysql://u:p@127.0.0.1:3306/r?ssl-mode=strict"),
             Err(DsnError::BadSslMode)
         );
-        // Lower-case `required` is the driver's REQUIRED: TLS is used (proved on the options
-        // the store connects with, not by connecting).
-        let dsn = Dsn::parse("mysql://u:p@db.internal:3306/r?ssl-mode=required").unwrap();
-        let options = crate::store::connect_options(&dsn).unwrap();
-        assert!(matches!(
-            options.get_ssl_mode(),
-            sqlx::mysql::MySqlSslMode::Required
-        ));
-        let dsn =
-            Dsn::parse("mysql://u:p@127.0.0.1:3306/r?ssl-mode=verify_identity&ssl-ca=/etc/ca.pem")
-                .unwrap();
-        assert!(matches!(
-            crate::store::connect_options(&dsn).unwrap().get_ssl_mode(),
-            sqlx::mysql::MySqlSslMode::VerifyIdentity
-        ));
         assert!(
             Dsn::parse("mysql://u:p@127.0.0.1/r").is_ok(),
             "no port is the default port"

@@ -145,7 +145,7 @@ const READ_VERDICT_UNCHECKED: &str = "SELECT ? IS NOT NULL, event_digest, applie
 
 /// The statements a store of mutant `m` runs: the store's own, with the mutant's changes.
 /// Built once per process (each leaked string lives as long as the program anyway).
-pub(crate) fn statements(m: Mutant) -> &'static Statements {
+pub fn statements(m: Mutant) -> &'static Statements {
     static MADE: [OnceLock<Statements>; Mutant::ALL.len()] =
         [const { OnceLock::new() }; Mutant::ALL.len()];
     let index = Mutant::ALL.iter().position(|x| *x == m).unwrap_or(0);

@@ -175,15 +175,16 @@ pub const READ_VERDICT: &str =
 pub const SESSION_TIME_ZONE: &str = "+00:00";
 
 /// The statements of one apply and the session they run in: one value a store is built with.
-/// Production stores run [`Statements::STANDARD`]; a test build's mutant store runs another
-/// value (`mutants.rs`), so that the transaction below has no branch of its own for them.
+/// Production stores run [`Statements::STANDARD`]; a test build's mutant store is given another
+/// value (`mutants.rs`, through [`StoreOptions`]), so that the transaction below has no branch
+/// of its own for them. Only this crate makes one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Statements {
-    pub insert_inbox: &'static str,
-    pub upsert_view: &'static str,
-    pub read_verdict: &'static str,
+pub struct Statements {
+    pub(crate) insert_inbox: &'static str,
+    pub(crate) upsert_view: &'static str,
+    pub(crate) read_verdict: &'static str,
     /// `None` leaves the server's own time zone.
-    pub time_zone: Option<&'static str>,
+    pub(crate) time_zone: Option<&'static str>,
 }
 
 impl Statements {
@@ -198,8 +199,8 @@ impl Statements {
     /// The statements a store opened with `options` runs.
     fn of(options: &StoreOptions) -> &'static Statements {
         #[cfg(feature = "mutants")]
-        if let Some(m) = options.mutant {
-            return crate::mutants::statements(m);
+        if let Some(statements) = options.statements {
+            return statements;
         }
         let _ = options;
         &Statements::STANDARD
@@ -282,9 +283,10 @@ pub struct StoreOptions {
     /// Test builds only: awaited at [`crate::hooks::POINTS`].
     #[cfg(feature = "fault-hooks")]
     pub barrier: Option<crate::hooks::BarrierHook>,
-    /// Test builds only: the rule this store breaks (it runs that mutant's statements).
+    /// Test builds only: the statements of a store that breaks one rule
+    /// (`crate::mutants::statements`), instead of [`Statements::STANDARD`].
     #[cfg(feature = "mutants")]
-    pub mutant: Option<crate::mutants::Mutant>,
+    pub statements: Option<&'static Statements>,
 }
 
 impl Default for StoreOptions {
@@ -295,7 +297,7 @@ impl Default for StoreOptions {
             #[cfg(feature = "fault-hooks")]
             barrier: None,
             #[cfg(feature = "mutants")]
-            mutant: None,
+            statements: None,
         }
     }
 }
@@ -784,4 +786,27 @@ fn digest_column(row: &sqlx::mysql::MySqlRow, index: usize) -> Result<Digest, Ap
         ApplyError::Storage(StorageError::unexpected("a stored digest is not 32 bytes"))
     })?;
     Ok(Digest(bytes))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_dsn_s_ssl_mode_reaches_the_connect_options() {
+        // Lower-case `required` is the driver's REQUIRED: TLS is used (proved on the options
+        // the store connects with, not by connecting).
+        let dsn = Dsn::parse("mysql://u:p@db.internal:3306/r?ssl-mode=required").unwrap();
+        assert!(matches!(
+            connect_options(&dsn).unwrap().get_ssl_mode(),
+            sqlx::mysql::MySqlSslMode::Required
+        ));
+        let dsn =
+            Dsn::parse("mysql://u:p@127.0.0.1:3306/r?ssl-mode=verify_identity&ssl-ca=/etc/ca.pem")
+                .unwrap();
+        assert!(matches!(
+            connect_options(&dsn).unwrap().get_ssl_mode(),
+            sqlx::mysql::MySqlSslMode::VerifyIdentity
+        ));
+    }
 }

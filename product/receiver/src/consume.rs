@@ -69,9 +69,10 @@ pub enum ConsumeError {
 }
 
 /// Connects to the platform and the database: the client, the subscription (checked against
-/// the configured queue) and the store.
+/// the configured queue) and the store, opened with `seams`' options.
 async fn start(
     config: &ConsumeConfig,
+    seams: Seams,
 ) -> Result<(Client, orbit_sdk::wire::Subscription, Arc<Store>), ConsumeError> {
     let queue = config.run.platform.queue.clone();
     let client = Client::new(
@@ -105,8 +106,7 @@ async fn start(
         .apply_timeout(config.apply_timeout.unwrap_or(result_inbox::APPLY_TIMEOUT));
     #[cfg(feature = "fault-barriers")]
     let options = crate::fault::hook_store(options);
-    #[cfg(feature = "mutants")]
-    let options = crate::mutant::hook_store(options);
+    let options = (seams.store_options)(options);
     let store = connect_store(config, queue, options).await?;
     Ok((client, subscription, Arc::new(store)))
 }
@@ -138,8 +138,7 @@ async fn connect_store(
 }
 
 /// How `consume` applies one delivered event, finishing by the deadline, before it decides on
-/// the ACK from what comes back. The program's is [`apply_event`]; the kit's mutant build
-/// passes its own (`mutant.rs`), so that no mutant runs inside [`run_with`].
+/// the ACK from what comes back. The program's is [`apply_event`].
 pub type ApplyEvent = for<'a> fn(
     &'a Store,
     &'a [u8],
@@ -155,20 +154,44 @@ pub fn apply_event<'a>(
     Box::pin(async move { apply_raw(store, raw, Some(deadline)).await.1 })
 }
 
+/// What a build of the program may set in `consume`: how each event is applied, and the
+/// store's options. The program runs [`Seams::PROGRAM`]; the kit's mutant build passes its own
+/// (`mutant.rs`), so that no mutant lives inside [`run_with`].
+#[derive(Clone, Copy)]
+pub struct Seams {
+    pub apply: ApplyEvent,
+    pub store_options: fn(StoreOptions) -> StoreOptions,
+}
+
+impl Seams {
+    /// The program's own: events as delivered, the store as configured.
+    pub const PROGRAM: Seams = Seams {
+        apply: apply_event,
+        store_options: |options| options,
+    };
+}
+
+impl std::fmt::Debug for Seams {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Seams").finish_non_exhaustive()
+    }
+}
+
 /// Consumes until `stop` completes. A `stop` during start-up ends it at once, successfully.
 pub async fn run(
     config: &ConsumeConfig,
     stop: impl Future<Output = &'static str>,
 ) -> Result<(), ConsumeError> {
-    run_with(config, stop, apply_event).await
+    run_with(config, stop, Seams::PROGRAM).await
 }
 
-/// [`run`], applying each event with `apply`.
+/// [`run`] through `seams`.
 pub async fn run_with(
     config: &ConsumeConfig,
     stop: impl Future<Output = &'static str>,
-    apply: ApplyEvent,
+    seams: Seams,
 ) -> Result<(), ConsumeError> {
+    let apply = seams.apply;
     let mut stop = std::pin::pin!(stop);
     // The fault build checks its barrier settings before anything connects.
     #[cfg(feature = "fault-barriers")]
@@ -186,7 +209,7 @@ pub async fn run_with(
         tracing::info!(listen = %bound, "metrics: serving /metrics, /healthz and /readyz");
     }
     let (client, subscription, store) = tokio::select! {
-        started = start(config) => started?,
+        started = start(config, seams) => started?,
         signal = &mut stop => {
             tracing::info!(signal, "stopped during start-up");
             return Ok(());

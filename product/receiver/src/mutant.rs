@@ -2,10 +2,10 @@
 //! broken, chosen by `RECEIVER_MUTANT` (`result_inbox::mutants`), so that the conformance kit
 //! can prove each of its cases can fail. Built by `make mutant-build`, never released.
 //!
-//! Everything here wraps what the program does instead of living inside it: the storage
-//! mutants are another statement table for the store ([`hook_store`]); `init` and `consume` are
-//! wrapped ([`init`], [`consume`]); the per-event mutants are another [`crate::consume::ApplyEvent`]
-//! given to `consume`.
+//! Everything here wraps what the program does instead of living inside it: `init` and
+//! `consume` are wrapped ([`init`], [`consume`]); `consume` is given other
+//! [`crate::consume::Seams`]: the storage mutants' statement table for the store, and the
+//! per-event mutants' way of applying.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -53,9 +53,9 @@ pub fn is(m: Mutant) -> bool {
 }
 
 /// `options` for a store that breaks the active mutant's storage rule, if it has one.
-pub fn hook_store(options: result_inbox::StoreOptions) -> result_inbox::StoreOptions {
+fn hook_store(options: result_inbox::StoreOptions) -> result_inbox::StoreOptions {
     result_inbox::StoreOptions {
-        mutant: active(),
+        statements: active().map(result_inbox::mutants::statements),
         ..options
     }
 }
@@ -97,7 +97,11 @@ pub async fn consume(
             config.run.platform.queue = queue;
         }
     }
-    crate::consume::run_with(&config, stop, apply).await?;
+    let seams = crate::consume::Seams {
+        apply,
+        store_options: hook_store,
+    };
+    crate::consume::run_with(&config, stop, seams).await?;
     if is(Mutant::PauseOnSigterm) {
         let subscription = &config.subscription;
         match client.pause_subscription(subscription).await {

@@ -165,15 +165,7 @@ impl OwnServerReceiver {
             .create_subscription(QUEUE, types)
             .await
             .expect("subscription created");
-        let mut env: Vec<(&'static str, String)> = orbit
-            .receiver_env()
-            .into_iter()
-            .filter(|(k, _)| *k != "ORBIT_RECEIVER_DSN")
-            .collect();
-        env.push((
-            "ORBIT_RECEIVER_DSN",
-            receiver_db.runtime_url().expose().to_owned(),
-        ));
+        let mut env = orbit.receiver_env_on(&receiver_db.runtime_url());
         env.push(("ORBIT_SUBSCRIPTION_ID", sub.id.to_string()));
         OwnServerReceiver {
             orbit,

@@ -175,16 +175,19 @@ impl OrbitDev {
 
     /// The environment `receiver demo` / `consume` need against this platform.
     pub fn receiver_env(&self) -> Vec<(&'static str, String)> {
+        self.receiver_env_on(&self.db.runtime_url())
+    }
+
+    /// [`OrbitDev::receiver_env`] with the receiver's database at `dsn` (another server, another
+    /// node, a proxy).
+    pub fn receiver_env_on(&self, dsn: &secret::Secret) -> Vec<(&'static str, String)> {
         vec![
             ("ORBIT_URL", self.url.clone()),
             (
                 "ORBIT_CREDENTIALS_FILE",
                 self.credentials_file.display().to_string(),
             ),
-            (
-                "ORBIT_RECEIVER_DSN",
-                self.db.runtime_url().expose().to_owned(),
-            ),
+            ("ORBIT_RECEIVER_DSN", dsn.expose().to_owned()),
         ]
     }
 

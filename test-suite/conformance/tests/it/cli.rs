@@ -46,7 +46,7 @@ async fn init_creates_the_schema_once_and_refuses_a_second_time() {
 
     let mut admin = sqlx::MySqlConnection::connect(&format!(
         "{}/{}",
-        testdb::Server::shared().unwrap().admin_url(),
+        testdb::Server::shared().unwrap().admin_url().expose(),
         db.receiver_db
     ))
     .await

@@ -596,15 +596,7 @@ fn consume_env(
     i: usize,
     sub: &str,
 ) -> Vec<(&'static str, String)> {
-    let mut env: Vec<(&'static str, String)> = orbit
-        .receiver_env()
-        .into_iter()
-        .filter(|(k, _)| *k != "ORBIT_RECEIVER_DSN")
-        .collect();
-    env.push((
-        "ORBIT_RECEIVER_DSN",
-        c.db.runtime_url_on(c.node(i)).expose().to_owned(),
-    ));
+    let mut env = orbit.receiver_env_on(&c.db.runtime_url_on(c.node(i)));
     env.push(("ORBIT_SUBSCRIPTION_ID", sub.to_owned()));
     env.push(("RECEIVER_APPLY_TIMEOUT", format!("{}s", BUDGET.as_secs())));
     env

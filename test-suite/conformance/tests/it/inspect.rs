@@ -107,17 +107,22 @@ fn digest_agrees_with_every_canonical_vector() {
     }
 }
 
-#[tokio::test]
-async fn digest_agrees_with_what_the_store_wrote_and_inspect_tells_each_case() {
-    let rdb = ReceiverDb::new().await;
-    let store = rdb.store().await;
-    let env = vec![
+/// What `inspect` needs without the platform: the database and the queue.
+fn local_env(rdb: &ReceiverDb) -> Vec<(&'static str, String)> {
+    vec![
         (
             "ORBIT_RECEIVER_DSN",
             rdb.db.runtime_url().expose().to_owned(),
         ),
         ("ORBIT_QUEUE_ID", QUEUE.to_owned()),
-    ];
+    ]
+}
+
+#[tokio::test]
+async fn digest_agrees_with_what_the_store_wrote_and_inspect_tells_each_case() {
+    let rdb = ReceiverDb::new().await;
+    let store = rdb.store().await;
+    let env = local_env(&rdb);
 
     let applied = EventSpec::succeeded(
         "evt-applied",
@@ -330,13 +335,7 @@ async fn inspect_shows_an_expired_delivery_and_survives_the_platform_going_down(
 async fn inspect_by_task_lists_only_that_task_s_own_events() {
     let rdb = ReceiverDb::new().await;
     let store = rdb.store().await;
-    let env = vec![
-        (
-            "ORBIT_RECEIVER_DSN",
-            rdb.db.runtime_url().expose().to_owned(),
-        ),
-        ("ORBIT_QUEUE_ID", QUEUE.to_owned()),
-    ];
+    let env = local_env(&rdb);
     let own = EventSpec::cancelled("evt-own", "task-b", 2);
     let intruder = EventSpec::succeeded(
         "evt-intruder",
