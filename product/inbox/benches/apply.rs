@@ -145,6 +145,29 @@ async fn apply_retrying(store: &Store, e: &TaskEvent) -> (Outcome, u32) {
     }
 }
 
+/// Applies every event of `events` through `store`, `concurrency` at a time, each expected to
+/// come out as `expected`; the phase's figures.
+async fn applied_all(
+    admin: &MySqlPool,
+    store: &Store,
+    events: &Arc<Vec<TaskEvent>>,
+    concurrency: usize,
+    expected: Outcome,
+) -> Stats {
+    let ops = events.len();
+    counted(admin, ops, async {
+        let (store, evs) = (store.clone(), events.clone());
+        measure(ops, concurrency, move |i| {
+            let (store, evs) = (store.clone(), evs.clone());
+            async move {
+                assert_eq!(apply_retrying(&store, &evs[i]).await.0, expected);
+            }
+        })
+        .await
+    })
+    .await
+}
+
 type Conns = Arc<Vec<tokio::sync::Mutex<MySqlConnection>>>;
 
 /// One connection per worker, READ COMMITTED, no pool and so no ping: the baselines' setup.
@@ -348,31 +371,11 @@ fn main() {
             let first_events: Arc<Vec<TaskEvent>> = Arc::new(
                 (0..ops).map(|i| event(&format!("t-{tag}-{i}"), &format!("e-{tag}-{i}"), 5)).collect(),
             );
-            let first = counted(&admin, ops, async {
-                let (store, evs) = (store.clone(), first_events.clone());
-                measure(ops, concurrency, move |i| {
-                    let (store, evs) = (store.clone(), evs.clone());
-                    async move {
-                        assert_eq!(apply_retrying(&store, &evs[i]).await.0, Outcome::Applied);
-                    }
-                })
-                .await
-            })
-            .await;
+            let first = applied_all(&admin, &store, &first_events, concurrency, Outcome::Applied).await;
             let higher_events: Arc<Vec<TaskEvent>> = Arc::new(
                 (0..ops).map(|i| event(&format!("t-{tag}-{i}"), &format!("h-{tag}-{i}"), 6)).collect(),
             );
-            let existing = counted(&admin, ops, async {
-                let (store, evs) = (store.clone(), higher_events.clone());
-                measure(ops, concurrency, move |i| {
-                    let (store, evs) = (store.clone(), evs.clone());
-                    async move {
-                        assert_eq!(apply_retrying(&store, &evs[i]).await.0, Outcome::Applied);
-                    }
-                })
-                .await
-            })
-            .await;
+            let existing = applied_all(&admin, &store, &higher_events, concurrency, Outcome::Applied).await;
             let plain_update =
                 advance_candidate(&conns, &tag, ops, concurrency, 6, false).await;
             let lock_then_update =
@@ -385,31 +388,11 @@ fn main() {
                 lock_then_update.per_second,
                 lock_then_update.per_second / existing.per_second,
             );
-            let duplicate = counted(&admin, ops, async {
-                let (store, evs) = (store.clone(), first_events.clone());
-                measure(ops, concurrency, move |i| {
-                    let (store, evs) = (store.clone(), evs.clone());
-                    async move {
-                        assert_eq!(apply_retrying(&store, &evs[i]).await.0, Outcome::Duplicate { applied: true });
-                    }
-                })
-                .await
-            })
-            .await;
+            let duplicate = applied_all(&admin, &store, &first_events, concurrency, Outcome::Duplicate { applied: true }).await;
             let stale_events: Arc<Vec<TaskEvent>> = Arc::new(
                 (0..ops).map(|i| event(&format!("t-{tag}-{i}"), &format!("s-{tag}-{i}"), 2)).collect(),
             );
-            let stale = counted(&admin, ops, async {
-                let (store, evs) = (store.clone(), stale_events.clone());
-                measure(ops, concurrency, move |i| {
-                    let (store, evs) = (store.clone(), evs.clone());
-                    async move {
-                        assert_eq!(apply_retrying(&store, &evs[i]).await.0, Outcome::Stale);
-                    }
-                })
-                .await
-            })
-            .await;
+            let stale = applied_all(&admin, &store, &stale_events, concurrency, Outcome::Stale).await;
             for (name, s) in [
                 ("(a) bare commit", &baseline),
                 ("(b) two rows", &floor),
