@@ -292,7 +292,8 @@ environment:
 
 pub const CONSUME_HELP: &str = "usage: receiver consume
 
-Applies every delivery of the subscription ORBIT_SUBSCRIPTION_ID, four at a time, logging one
+Applies every delivery of the subscription ORBIT_SUBSCRIPTION_ID, four at a time unless
+RECEIVER_CONCURRENCY says otherwise, logging one
 line per delivery (applied, duplicate, stale, conflict, rejected:<kind>, commit_unconfirmed,
 storage_error, timeout, write_failed). Refuses to start if the subscription's queue is not the
 configured one, or if RECEIVER_APPLY_TIMEOUT does not leave the lease a second for the ACK.
@@ -303,6 +304,7 @@ paused.
 environment:
   ORBIT_SUBSCRIPTION_ID   the 32-character subscription id (required)
   RECEIVER_APPLY_TIMEOUT  the budget of one apply: 5s unless set, e.g. 2500ms
+  RECEIVER_CONCURRENCY    deliveries applied at once, 1 to 256: 4 unless set
   RECEIVER_METRICS_LISTEN where to serve /metrics, /healthz, /readyz (unset: nowhere)
   ORBIT_URL, ORBIT_CREDENTIALS_FILE, ORBIT_TOKEN, ORBIT_QUEUE_ID, ORBIT_RECEIVER_DSN,
   RECEIVER_NAME, RECEIVER_LOG_FORMAT   as for demo";

@@ -40,6 +40,14 @@ pub const APPLY_TIMEOUT_RANGE: (std::time::Duration, std::time::Duration) = (
     std::time::Duration::from_secs(600),
 );
 
+/// How many deliveries `consume` applies at once (default [`DEFAULT_CONCURRENCY`], the
+/// source's 4), within [`CONCURRENCY_RANGE`].
+pub const RECEIVER_CONCURRENCY: &str = "RECEIVER_CONCURRENCY";
+/// `consume`'s concurrency when [`RECEIVER_CONCURRENCY`] is unset.
+pub const DEFAULT_CONCURRENCY: usize = 4;
+/// The fewest and most deliveries [`RECEIVER_CONCURRENCY`] may ask for.
+pub const CONCURRENCY_RANGE: (usize, usize) = (1, 256);
+
 /// Where configuration values come from.
 pub trait Source {
     /// The value of `name`, if set.
@@ -82,6 +90,7 @@ pub const ALL_VARIABLES: &[&str] = &[
     RECEIVER_LOG_FORMAT,
     RECEIVER_METRICS_LISTEN,
     RECEIVER_APPLY_TIMEOUT,
+    RECEIVER_CONCURRENCY,
 ];
 
 /// The variables whose values are not UTF-8 (which [`ProcessEnv`] passes on with U+FFFD in
@@ -361,6 +370,28 @@ pub struct ConsumeConfig {
     pub metrics: Option<std::net::SocketAddr>,
     /// The apply budget the user set, if any (otherwise the store's default).
     pub apply_timeout: Option<std::time::Duration>,
+    /// Deliveries applied at once.
+    pub concurrency: usize,
+}
+
+/// Reads `RECEIVER_CONCURRENCY`: a whole number within [`CONCURRENCY_RANGE`].
+fn concurrency(source: &dyn Source, errors: &mut Vec<ConfigError>) -> usize {
+    let Some(v) = source.get(RECEIVER_CONCURRENCY) else {
+        return DEFAULT_CONCURRENCY;
+    };
+    let (low, high) = CONCURRENCY_RANGE;
+    match v.trim().parse::<usize>() {
+        Ok(n) if (low..=high).contains(&n) => n,
+        _ => {
+            errors.push(ConfigError {
+                variable: RECEIVER_CONCURRENCY,
+                problem: format!(
+                    "must be a whole number from {low} to {high} (deliveries applied at once; default {DEFAULT_CONCURRENCY})"
+                ),
+            });
+            DEFAULT_CONCURRENCY
+        }
+    }
 }
 
 /// Reads `RECEIVER_APPLY_TIMEOUT`: a whole number of `ms` or `s` within
@@ -434,12 +465,14 @@ impl ConsumeConfig {
         );
         let metrics = metrics_listen(source, &mut errors);
         let apply_timeout = apply_timeout(source, &mut errors);
+        let concurrency = concurrency(source, &mut errors);
         match (run, subscription) {
             (Some(run), Some(subscription)) if errors.is_empty() => Ok(ConsumeConfig {
                 run,
                 subscription,
                 metrics,
                 apply_timeout,
+                concurrency,
             }),
             _ => Err(ConfigErrors(errors)),
         }
@@ -565,6 +598,28 @@ mod tests {
             receiver_name(&env, &mut errors).unwrap().as_str(),
             "task-result-view"
         );
+    }
+
+    #[test]
+    fn the_concurrency_is_a_whole_number_from_1_to_256() {
+        let read = |v: &str| {
+            let env: HashMap<&str, &str> = [(RECEIVER_CONCURRENCY, v)].into_iter().collect();
+            let mut errors = Vec::new();
+            let n = concurrency(&env, &mut errors);
+            (n, errors.first().map(|e| e.to_string()))
+        };
+        assert_eq!(read("16"), (16, None));
+        assert_eq!(read(" 1 "), (1, None));
+        assert_eq!(read("256"), (256, None));
+        for bad in ["0", "257", "-1", "4.5", "", "four"] {
+            assert_eq!(
+                read(bad).1.as_deref(),
+                Some("RECEIVER_CONCURRENCY must be a whole number from 1 to 256 (deliveries applied at once; default 4)"),
+                "{bad:?}"
+            );
+        }
+        let env: HashMap<&str, &str> = HashMap::new();
+        assert_eq!(concurrency(&env, &mut Vec::new()), DEFAULT_CONCURRENCY);
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! `receiver consume`: apply every delivery of an existing subscription until SIGINT/SIGTERM.
 //!
 //! Before consuming anything it reads the subscription and refuses to start when its queue is
-//! not the configured one (a wrong queue would burn the delivery budget). Concurrency 4. A
+//! not the configured one (a wrong queue would burn the delivery budget). Concurrency 4 unless
+//! `RECEIVER_CONCURRENCY` says otherwise. A
 //! signal cancels in-flight handlers (their deliveries are not ACKed and come again after the
 //! lease) and the process ends within 10 s; the shared subscription is never paused.
 //!
@@ -27,8 +28,6 @@ use crate::metrics::Metrics;
 use crate::outage::{wait_for_database, Lines, Outage, PROBE_MAX_WAIT};
 use result_inbox::{StorageError, Store, StoreOptions};
 
-/// Handlers at once.
-pub const CONCURRENCY: usize = 4;
 /// Kept between an apply's deadline and its lease's end, for the ACK to reach the platform.
 pub const LEASE_MARGIN: Duration = Duration::from_secs(1);
 
@@ -102,7 +101,7 @@ async fn start(
         }
     }
     let options = StoreOptions::default()
-        .max_connections(CONCURRENCY as u32 + 1)
+        .max_connections(config.concurrency as u32 + 1)
         .apply_timeout(config.apply_timeout.unwrap_or(result_inbox::APPLY_TIMEOUT));
     #[cfg(feature = "fault-barriers")]
     let options = crate::fault::hook_store(options);
@@ -233,7 +232,7 @@ pub async fn run_with(
     let consumer = {
         let store = store.clone();
         let consumer = EventConsumer::new(client, subscription.id.clone())
-            .concurrency(CONCURRENCY)
+            .concurrency(config.concurrency)
             .credit_gate(gate);
         #[cfg(feature = "fault-barriers")]
         let consumer = consumer.after_ack_sent(crate::fault::ack_sent_hook());

@@ -95,7 +95,10 @@ impl Connector for WsConnector {
         if let Some(v) = &self.authorization {
             request.headers_mut().insert("Authorization", v.clone());
         }
-        match tokio::time::timeout(self.timeout, tokio_tungstenite::connect_async(request)).await {
+        // No Nagle: an ACK is a small frame sent while the previous one may be unanswered,
+        // and Nagle with the peer's delayed ACK would hold it back about 40 ms.
+        let connect = tokio_tungstenite::connect_async_with_config(request, None, true);
+        match tokio::time::timeout(self.timeout, connect).await {
             Ok(Ok((ws, _))) => Ok(WsLink(ws)),
             Ok(Err(e)) => Err(StreamError::Connect(e.to_string())),
             Err(_) => Err(StreamError::ConnectTimeout(self.timeout)),

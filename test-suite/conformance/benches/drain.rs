@@ -21,7 +21,7 @@ use result_inbox::{ConsumerName, QueueId, Store, StoreOptions, TaskEvent};
 use serde_json::json;
 use sqlx::{Connection, MySqlConnection};
 
-const CONCURRENCY: usize = receiver::consume::CONCURRENCY;
+const CONCURRENCY: usize = receiver::config::DEFAULT_CONCURRENCY;
 
 #[derive(Clone, Copy)]
 enum Step {

@@ -76,7 +76,8 @@ const SCHEMA: &[&str] = &[
         created_at DATETIME(6) NOT NULL,
         updated_at DATETIME(6) NOT NULL,
         UNIQUE KEY by_id (id),
-        KEY by_subscription (subscription_id, state, seq)
+        KEY by_subscription (subscription_id, state, seq),
+        KEY by_lease (state, lease_expires_at)
     ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin",
 ];
 

@@ -66,6 +66,9 @@ pub async fn run(
             },
             () = &mut stop => return Ok(()),
         };
+        // No Nagle: deliveries and ACK answers are small frames that must not wait for the
+        // client's delayed ACK of the previous one.
+        let _ = socket.set_nodelay(true);
         let service = TowerToHyperService::new(app.clone());
         tokio::spawn(async move {
             let connection = hyper::server::conn::http1::Builder::new()

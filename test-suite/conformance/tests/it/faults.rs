@@ -118,6 +118,52 @@ fn the_normal_receiver_binary_has_no_barrier_code_flag_or_variable() {
     assert!(!help.to_lowercase().contains("fault"), "{help}");
 }
 
+/// `RECEIVER_CONCURRENCY` is how many deliveries consume holds at once: with 2, and both
+/// handlers held inside their transactions, the platform leases exactly 2 of 6 queued events and
+/// says the client has no credit for the other 4.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_configured_concurrency_is_how_many_deliveries_consume_holds() {
+    let (orbit, client, sub, mut env) = subscribed_receiver(&[], &["task.cancelled"]).await;
+    for _ in 0..6 {
+        cancelled_task(&client).await;
+    }
+    env.push(("RECEIVER_CONCURRENCY", "2".to_owned()));
+    let consumer = Consumer::faulty(&env, "before_commit@1,before_commit@2,before_commit@3");
+    // Both slots held at their barrier (the apply budget, 5 s, runs from here).
+    let both = conformance::poll(Duration::from_secs(20), Duration::from_millis(20), || {
+        let held = consumer.hits().len() >= 2;
+        async move { held.then_some(()) }
+    })
+    .await;
+    assert!(
+        both.is_some(),
+        "two handlers never held: {}",
+        consumer.output()
+    );
+    eventually(
+        Duration::from_secs(3),
+        "orbit-dev to report the client without credit, 4 pending",
+        || {
+            let seen = orbit
+                .log()
+                .contains("the client has no credit; holding 4 pending");
+            async move { seen }
+        },
+    )
+    .await;
+    let states: Vec<String> = client
+        .list_deliveries(&sub.id, &Default::default())
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|d| d.state)
+        .collect();
+    let leased = states.iter().filter(|s| *s == "LEASED").count();
+    assert_eq!((leased, states.len()), (2, 6), "{states:?}");
+    assert_eq!(consumer.hits().len(), 2, "a third handler ran");
+    consumer.sigkill();
+}
+
 /// The barriers are where they say: held at before_commit, the inbox row and view are written
 /// but invisible to another connection and the delivery is not ACKed; released, the same
 /// process commits and ACKs.

@@ -97,7 +97,7 @@ async fn run(outage: Outage) {
         .unwrap();
     let spent: Vec<_> = deliveries.iter().filter(|d| d.attempts > 1).collect();
     assert!(
-        spent.len() <= receiver::consume::CONCURRENCY,
+        spent.len() <= receiver::config::DEFAULT_CONCURRENCY,
         "{} deliveries spent more than one attempt ({outage:?}): {spent:?}",
         spent.len()
     );

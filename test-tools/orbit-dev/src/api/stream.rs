@@ -17,7 +17,9 @@ use super::subscriptions::visible_subscription;
 use super::{ApiResult, Platform, Shared};
 use crate::db::{self, random_hex, sha256};
 
-/// Expires leases that ran out: back to PENDING, or EXPIRED when the budget is spent.
+/// Expires leases that ran out: back to PENDING, or EXPIRED when the budget is spent. The
+/// `by_lease` index makes each pass read only the leases that ran out, however many
+/// deliveries the platform keeps.
 pub async fn expire_leases(p: Shared) {
     loop {
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -171,7 +173,15 @@ impl HoldReport {
     fn clear(&mut self) {
         self.0 = None;
     }
+
+    /// Whether the last line said `why`.
+    fn is(&self, why: &str) -> bool {
+        self.0.as_ref().is_some_and(|(w, _)| w == why)
+    }
 }
+
+/// Why a stream holds deliveries when its client granted no credit.
+const NO_CREDIT: &str = "the client has no credit";
 
 /// Checks an ACK against the delivery's current lease and records it.
 pub(super) async fn ack(
@@ -264,12 +274,6 @@ async fn serve_stream(p: Shared, sub: String, mut socket: WebSocket) {
                 }
             }
         }
-        if credit == 0 {
-            match pending_count(&p.pool, &sub).await {
-                Ok(0) | Err(_) => report.clear(),
-                Ok(pending) => report.holding(&sub, "the client has no credit".to_owned(), pending),
-            }
-        }
         let wake = p.wake.notified();
         tokio::select! {
             msg = socket.recv() => {
@@ -321,7 +325,16 @@ async fn serve_stream(p: Shared, sub: String, mut socket: WebSocket) {
                 }
             }
             _ = wake => {}
-            _ = poll.tick() => {}
+            _ = poll.tick() => {
+                // A client without credit is said once it has stayed so for a tick, never per
+                // delivery: a draining client runs out of credit after every delivery it takes.
+                if credit == 0 && !report.is(NO_CREDIT) {
+                    match pending_count(&p.pool, &sub).await {
+                        Ok(0) | Err(_) => report.clear(),
+                        Ok(pending) => report.holding(&sub, NO_CREDIT.to_owned(), pending),
+                    }
+                }
+            }
             _ = heartbeat.tick() => {
                 if !send(&mut socket, &ServerMessage::Heartbeat).await {
                     return;
