@@ -473,28 +473,45 @@ where
                     }
                 }
                 Some(done) = in_flight.join_next(), if !in_flight.is_empty() => {
-                    // Handlers catch their panics; an error here is a cancelled task.
-                    let Ok((delivery_id, proof, result)) = done else { continue };
-                    match result {
-                        Ok(()) => {
-                            pending.insert(delivery_id.clone(), (proof.clone(), Instant::now()));
-                            #[cfg(feature = "fault-hooks")]
-                            let acked = delivery_id.clone();
-                            if let Err(e) = send(&mut link, &ClientMessage::Ack { delivery_id, proof }).await {
-                                broken = Some(e);
-                                continue;
+                    // Handlers that finished together: an ACK each, then one credit frame for
+                    // all the slots they freed.
+                    let mut finished = vec![done];
+                    while let Some(more) = in_flight.try_join_next() {
+                        finished.push(more);
+                    }
+                    let mut freed = 0;
+                    for done in finished {
+                        // Handlers catch their panics; an error here is a cancelled task.
+                        let Ok((delivery_id, proof, result)) = done else { continue };
+                        freed += 1;
+                        match result {
+                            Ok(()) => {
+                                // Kept until answered, and sent again after a reconnect.
+                                pending.insert(delivery_id.clone(), (proof.clone(), Instant::now()));
+                                if broken.is_some() {
+                                    continue;
+                                }
+                                #[cfg(feature = "fault-hooks")]
+                                let acked = delivery_id.clone();
+                                if let Err(e) = send(&mut link, &ClientMessage::Ack { delivery_id, proof }).await {
+                                    broken = Some(e);
+                                    continue;
+                                }
+                                #[cfg(feature = "fault-hooks")]
+                                if let Some(hook) = &config.after_ack_sent {
+                                    (hook.0)(acked).await;
+                                }
                             }
-                            #[cfg(feature = "fault-hooks")]
-                            if let Some(hook) = &config.after_ack_sent {
-                                (hook.0)(acked).await;
+                            Err(error) => {
+                                let _ = events.send(ConsumerEvent::HandlerFailed { delivery_id, error });
                             }
-                        }
-                        Err(error) => {
-                            let _ = events.send(ConsumerEvent::HandlerFailed { delivery_id, error });
                         }
                     }
+                    if broken.is_some() {
+                        continue;
+                    }
                     let held = *gate.borrow();
-                    if let Some(n) = credit.give(1, held) {
+                    if let Some(n) = credit.give(freed, held) {
                         if let Err(e) = send(&mut link, &ClientMessage::Credit { credit: n }).await {
                             broken = Some(e);
                         }

@@ -7,7 +7,7 @@ use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
 use axum::extract::{Path, State};
 use axum::http::HeaderMap;
 use axum::response::Response;
-use futures_util::SinkExt;
+use futures_util::{FutureExt, SinkExt};
 use orbit_sdk::wire::{AckResult, ClientMessage, ServerMessage, SCOPE_EVENTS_CONSUME};
 use serde_json::value::RawValue;
 use sqlx::Row;
@@ -51,9 +51,14 @@ pub(super) async fn stream(
     Ok(ws.on_upgrade(move |socket| serve_stream(p, id, socket)))
 }
 
-/// Leases the oldest PENDING delivery of `sub`, if the subscription is enabled and its window
-/// has room; returns the message to send.
-async fn lease_one(p: &Platform, sub: &str) -> Result<Lease, sqlx::Error> {
+/// The most deliveries one leasing transaction takes.
+const LEASE_BATCH: u32 = 64;
+
+/// Leases the oldest PENDING deliveries of `sub`, up to `max` and to what its window has room
+/// for, in one transaction, if the subscription is enabled; returns the messages to send. The
+/// subscription row's lock (`FOR UPDATE`) serialises streams of one subscription, so no
+/// delivery is leased twice.
+async fn lease(p: &Platform, sub: &str, max: u32) -> Result<Lease, sqlx::Error> {
     let mut tx = p.pool.begin().await?;
     let Some(s) =
         sqlx::query("SELECT enabled, window_size FROM orbit_subscriptions WHERE id = ? FOR UPDATE")
@@ -77,51 +82,74 @@ async fn lease_one(p: &Platform, sub: &str) -> Result<Lease, sqlx::Error> {
         let why = format!("window full ({outstanding} of {window} leased or expired)");
         return held(&mut tx, sub, why).await;
     }
-    let Some(d) = sqlx::query("SELECT seq, id, attempts FROM orbit_deliveries \
-                               WHERE subscription_id = ? AND state = 'PENDING' ORDER BY seq LIMIT 1 FOR UPDATE")
+    let room = (i64::from(window) - outstanding).min(i64::from(max.min(LEASE_BATCH)));
+    let rows = sqlx::query("SELECT seq, id, attempts FROM orbit_deliveries \
+                            WHERE subscription_id = ? AND state = 'PENDING' ORDER BY seq LIMIT ? FOR UPDATE")
         .bind(sub)
-        .fetch_optional(&mut *tx)
-        .await?
-    else {
-        return Ok(Lease::Nothing);
-    };
-    let seq: u64 = d.try_get(0)?;
-    let delivery_id: String = d.try_get_unchecked(1)?;
-    let attempt: u32 = d.try_get::<u32, _>(2)? + 1;
-    let proof = random_hex(32);
-    sqlx::query("UPDATE orbit_deliveries SET state = 'LEASED', attempts = ?, proof_sha256 = ?, \
-                 lease_expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, updated_at = UTC_TIMESTAMP(6) WHERE seq = ?")
-        .bind(attempt)
-        .bind(sha256(&proof))
-        .bind(p.lease.as_micros() as u64)
-        .bind(seq)
-        .execute(&mut *tx)
+        .bind(room)
+        .fetch_all(&mut *tx)
         .await?;
-    let row = sqlx::query(&format!(
-        "SELECT e.body, DATE_FORMAT(d.lease_expires_at, '{}') FROM orbit_deliveries d JOIN orbit_events e ON e.id = d.event_id WHERE d.seq = ?",
+    if rows.is_empty() {
+        return Ok(Lease::Nothing);
+    }
+    // Each lease its own proof: one UPDATE per row, all in this transaction.
+    let mut leased = Vec::with_capacity(rows.len());
+    for d in &rows {
+        let seq: u64 = d.try_get(0)?;
+        let delivery_id: String = d.try_get_unchecked(1)?;
+        let attempt: u32 = d.try_get::<u32, _>(2)? + 1;
+        let proof = random_hex(32);
+        sqlx::query("UPDATE orbit_deliveries SET state = 'LEASED', attempts = ?, proof_sha256 = ?, \
+                     lease_expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, updated_at = UTC_TIMESTAMP(6) WHERE seq = ?")
+            .bind(attempt)
+            .bind(sha256(&proof))
+            .bind(p.lease.as_micros() as u64)
+            .bind(seq)
+            .execute(&mut *tx)
+            .await?;
+        leased.push((seq, delivery_id, attempt, proof));
+    }
+    let marks = vec!["?"; leased.len()].join(", ");
+    let sql = format!(
+        "SELECT d.seq, e.body, DATE_FORMAT(d.lease_expires_at, '{}') FROM orbit_deliveries d \
+         JOIN orbit_events e ON e.id = d.event_id WHERE d.seq IN ({marks})",
         db::TS
-    ))
-    .bind(seq)
-    .fetch_one(&mut *tx)
-    .await?;
+    );
+    let mut query = sqlx::query(&sql);
+    for (seq, ..) in &leased {
+        query = query.bind(*seq);
+    }
+    let bodies = query.fetch_all(&mut *tx).await?;
     tx.commit().await?;
-    let body: Vec<u8> = row.try_get(0)?;
-    let expires: String = row.try_get_unchecked(1)?;
-    let event = RawValue::from_string(String::from_utf8_lossy(&body).into_owned())
-        .map_err(|e| sqlx::Error::Decode(Box::new(e)))?;
-    Ok(Lease::Leased(ServerMessage::Delivery {
-        delivery_id: delivery_id.into(),
-        attempt,
-        proof: orbit_sdk::wire::LeaseProof::new(proof),
-        lease_expires_at: expires,
-        event,
-    }))
+    let mut by_seq = std::collections::HashMap::with_capacity(bodies.len());
+    for row in &bodies {
+        let seq: u64 = row.try_get(0)?;
+        let body: Vec<u8> = row.try_get(1)?;
+        let expires: String = row.try_get_unchecked(2)?;
+        by_seq.insert(seq, (body, expires));
+    }
+    let mut messages = Vec::with_capacity(leased.len());
+    for (seq, delivery_id, attempt, proof) in leased {
+        let (body, expires) = by_seq
+            .remove(&seq)
+            .ok_or_else(|| sqlx::Error::RowNotFound)?;
+        let event = RawValue::from_string(String::from_utf8_lossy(&body).into_owned())
+            .map_err(|e| sqlx::Error::Decode(Box::new(e)))?;
+        messages.push(ServerMessage::Delivery {
+            delivery_id: delivery_id.into(),
+            attempt,
+            proof: orbit_sdk::wire::LeaseProof::new(proof),
+            lease_expires_at: expires,
+            event,
+        });
+    }
+    Ok(Lease::Leased(messages))
 }
 
 /// What one leasing attempt found.
 enum Lease {
-    /// A delivery, leased: the message to send.
-    Leased(ServerMessage),
+    /// Deliveries, leased: the messages to send, oldest first.
+    Leased(Vec<ServerMessage>),
     /// No PENDING delivery.
     Nothing,
     /// PENDING deliveries wait, and why (paused, or the window is full).
@@ -183,37 +211,38 @@ impl HoldReport {
 /// Why a stream holds deliveries when its client granted no credit.
 const NO_CREDIT: &str = "the client has no credit";
 
-/// Checks an ACK against the delivery's current lease and records it.
-pub(super) async fn ack(
-    p: &Platform,
+/// One ACK's answer: the result, and why when it is refused.
+type AckAnswer = (AckResult, Option<String>);
+
+/// Checks an ACK against the delivery's current lease and records it, in `tx`.
+async fn ack_in(
+    tx: &mut sqlx::Transaction<'_, sqlx::MySql>,
     sub: &str,
     delivery_id: &str,
     proof: &str,
-) -> Result<(AckResult, Option<String>), sqlx::Error> {
+) -> Result<AckAnswer, sqlx::Error> {
     let hash = sha256(proof);
-    let mut tx = p.pool.begin().await?;
     let Some(row) = sqlx::query("SELECT state, proof_sha256, acked_proof_sha256, lease_expires_at > UTC_TIMESTAMP(6) \
                                  FROM orbit_deliveries WHERE id = ? AND subscription_id = ? FOR UPDATE")
         .bind(delivery_id)
         .bind(sub)
-        .fetch_optional(&mut *tx)
+        .fetch_optional(&mut **tx)
         .await?
     else {
-        p.metrics.ack(AckResult::Refused);
         return Ok((AckResult::Refused, Some("no such delivery on this subscription".into())));
     };
     let state: String = row.try_get_unchecked(0)?;
     let current: Option<Vec<u8>> = row.try_get(1)?;
     let acked_with: Option<Vec<u8>> = row.try_get(2)?;
     let live = row.try_get::<Option<i64>, _>(3)? == Some(1);
-    let answer = match state.as_str() {
+    Ok(match state.as_str() {
         "ACKED" if acked_with.as_deref() == Some(&hash[..]) => (AckResult::AlreadyAcked, None),
         "ACKED" => (AckResult::Refused, Some("acked by another lease".into())),
         "LEASED" if current.as_deref() == Some(&hash[..]) && live => {
             sqlx::query("UPDATE orbit_deliveries SET state = 'ACKED', acked_proof_sha256 = proof_sha256, proof_sha256 = NULL, \
                          lease_expires_at = NULL, updated_at = UTC_TIMESTAMP(6) WHERE id = ?")
                 .bind(delivery_id)
-                .execute(&mut *tx)
+                .execute(&mut **tx)
                 .await?;
             (AckResult::Acked, None)
         }
@@ -224,13 +253,65 @@ pub(super) async fn ack(
             AckResult::Refused,
             Some("the proof belongs to a superseded or expired lease".into()),
         ),
+    })
+}
+
+/// Checks and records the ACKs that arrived together, in one transaction; each gets the answer
+/// it would get alone (an ACK's answer means what `docs/orbit-protocol.md` says).
+pub(super) async fn ack_many(
+    p: &Platform,
+    sub: &str,
+    acks: &[(&str, &str)],
+) -> Result<Vec<AckAnswer>, sqlx::Error> {
+    // Rows are locked in id order, so that two batches never wait on each other in a circle;
+    // a deadlock with another kind of transaction is retried (InnoDB rolled this one back).
+    let mut order: Vec<usize> = (0..acks.len()).collect();
+    order.sort_by_key(|&i| acks[i].0);
+    let mut tries = 0;
+    let answers = loop {
+        match ack_in_order(p, sub, acks, &order).await {
+            Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("40001") && tries < 3 => {
+                tries += 1;
+            }
+            result => break result?,
+        }
     };
-    tx.commit().await?;
-    p.metrics.ack(answer.0);
-    if answer.0 == AckResult::Acked {
+    for (result, _) in &answers {
+        p.metrics.ack(*result);
+    }
+    if answers.iter().any(|(r, _)| *r == AckResult::Acked) {
         p.wake.notify_waiters();
     }
-    Ok(answer)
+    Ok(answers)
+}
+
+/// [`ack_in`] for each of `acks`, taken in `order`, in one transaction; the answers in the
+/// order of `acks`.
+async fn ack_in_order(
+    p: &Platform,
+    sub: &str,
+    acks: &[(&str, &str)],
+    order: &[usize],
+) -> Result<Vec<AckAnswer>, sqlx::Error> {
+    let mut tx = p.pool.begin().await?;
+    let mut answers: Vec<Option<AckAnswer>> = vec![None; acks.len()];
+    for &i in order {
+        let (delivery_id, proof) = acks[i];
+        answers[i] = Some(ack_in(&mut tx, sub, delivery_id, proof).await?);
+    }
+    tx.commit().await?;
+    Ok(answers.into_iter().flatten().collect())
+}
+
+/// Checks one ACK against the delivery's current lease and records it.
+pub(super) async fn ack(
+    p: &Platform,
+    sub: &str,
+    delivery_id: &str,
+    proof: &str,
+) -> Result<AckAnswer, sqlx::Error> {
+    let mut answers = ack_many(p, sub, &[(delivery_id, proof)]).await?;
+    Ok(answers.remove(0))
 }
 
 pub(super) async fn send(socket: &mut WebSocket, m: &ServerMessage) -> bool {
@@ -248,16 +329,24 @@ async fn serve_stream(p: Shared, sub: String, mut socket: WebSocket) {
     loop {
         // Hand out deliveries while the client has credit.
         while credit > 0 {
-            match lease_one(&p, &sub).await {
-                Ok(Lease::Leased(m)) => {
+            // The close-after-delivery fault closes the stream after one delivery: lease one.
+            let max = if p.close_after_delivery.load(Ordering::SeqCst) {
+                1
+            } else {
+                credit
+            };
+            match lease(&p, &sub, max).await {
+                Ok(Lease::Leased(messages)) => {
                     report.clear();
-                    credit -= 1;
-                    if !send(&mut socket, &m).await {
-                        return;
-                    }
-                    if p.close_after_delivery.swap(false, Ordering::SeqCst) {
-                        let _ = socket.close().await;
-                        return;
+                    credit -= messages.len() as u32;
+                    for m in &messages {
+                        if !send(&mut socket, m).await {
+                            return;
+                        }
+                        if p.close_after_delivery.swap(false, Ordering::SeqCst) {
+                            let _ = socket.close().await;
+                            return;
+                        }
                     }
                 }
                 Ok(Lease::Nothing) => {
@@ -277,51 +366,52 @@ async fn serve_stream(p: Shared, sub: String, mut socket: WebSocket) {
         let wake = p.wake.notified();
         tokio::select! {
             msg = socket.recv() => {
-                let text = match msg {
-                    Some(Ok(Message::Text(t))) => t,
-                    Some(Ok(Message::Close(_))) | None | Some(Err(_)) => return,
-                    // The protocol is text frames only: close rather than guess.
-                    Some(Ok(Message::Binary(_))) => {
+                // Frames that arrived together are handled together: their ACKs are recorded
+                // in one transaction, each still answered on its own.
+                let mut frames = vec![msg];
+                while frames.len() < FRAME_BATCH {
+                    match socket.recv().now_or_never() {
+                        Some(next) => frames.push(next),
+                        None => break,
+                    }
+                }
+                let mut acks = Vec::new();
+                let mut end = None;
+                for msg in frames {
+                    let text = match msg {
+                        Some(Ok(Message::Text(t))) => t,
+                        Some(Ok(Message::Close(_))) | None | Some(Err(_)) => {
+                            end = Some(false);
+                            break;
+                        }
+                        // The protocol is text frames only: close rather than guess.
+                        Some(Ok(Message::Binary(_))) => {
+                            end = Some(true);
+                            break;
+                        }
+                        Some(Ok(_)) => continue,
+                    };
+                    match serde_json::from_str::<ClientMessage>(text.as_str()) {
+                        Ok(ClientMessage::Credit { credit: more }) => credit = credit.saturating_add(more).min(10_000),
+                        Ok(ClientMessage::Heartbeat) => {}
+                        Ok(ClientMessage::Ack { delivery_id, proof }) => acks.push((delivery_id, proof)),
+                        // Not the contract: close rather than guess.
+                        Err(_) => {
+                            end = Some(true);
+                            break;
+                        }
+                    }
+                }
+                if !answer_acks(&p, &sub, &mut socket, acks).await {
+                    return;
+                }
+                match end {
+                    Some(true) => {
                         let _ = socket.close().await;
                         return;
                     }
-                    Some(Ok(_)) => continue,
-                };
-                match serde_json::from_str::<ClientMessage>(text.as_str()) {
-                    Ok(ClientMessage::Credit { credit: more }) => credit = credit.saturating_add(more).min(10_000),
-                    Ok(ClientMessage::Heartbeat) => {}
-                    Ok(ClientMessage::Ack { delivery_id, proof }) => {
-                        if p.stall_next_ack.swap(false, Ordering::SeqCst) {
-                            // The ACK arrived and is never handled: the delivery stays LEASED
-                            // until its lease runs out, and the client waits for an answer.
-                            continue;
-                        }
-                        if p.drop_next_ack.swap(false, Ordering::SeqCst) {
-                            // The ACK is lost on the way: never recorded, never answered.
-                            let _ = socket.close().await;
-                            return;
-                        }
-                        let (result, reason) = match ack(&p, &sub, &delivery_id, proof.expose()).await {
-                            Ok(r) => r,
-                            Err(e) => {
-                                eprintln!("orbit-dev: ack failed: {e}");
-                                return;
-                            }
-                        };
-                        if p.drop_next_ack_reply.swap(false, Ordering::SeqCst) {
-                            // The ACK is recorded; the client never hears so.
-                            let _ = socket.close().await;
-                            return;
-                        }
-                        if !send(&mut socket, &ServerMessage::AckResult { delivery_id, result, reason }).await {
-                            return;
-                        }
-                    }
-                    // Not the contract: close rather than guess.
-                    Err(_) => {
-                        let _ = socket.close().await;
-                        return;
-                    }
+                    Some(false) => return,
+                    None => {}
                 }
             }
             _ = wake => {}
@@ -342,4 +432,80 @@ async fn serve_stream(p: Shared, sub: String, mut socket: WebSocket) {
             }
         }
     }
+}
+
+/// The most frames one turn of a stream's loop reads before it answers.
+const FRAME_BATCH: usize = 256;
+
+/// Records and answers `acks`, in order; `false` when the stream is to end. While one of the
+/// ACK faults is armed they go one at a time, so that the fault meets exactly the next ACK.
+async fn answer_acks(
+    p: &Platform,
+    sub: &str,
+    socket: &mut WebSocket,
+    acks: Vec<(orbit_sdk::DeliveryId, orbit_sdk::wire::LeaseProof)>,
+) -> bool {
+    if acks.is_empty() {
+        return true;
+    }
+    let faults_armed = p.stall_next_ack.load(Ordering::SeqCst)
+        || p.drop_next_ack.load(Ordering::SeqCst)
+        || p.drop_next_ack_reply.load(Ordering::SeqCst);
+    if faults_armed {
+        for (delivery_id, proof) in acks {
+            if p.stall_next_ack.swap(false, Ordering::SeqCst) {
+                // The ACK arrived and is never handled: the delivery stays LEASED until its
+                // lease runs out, and the client waits for an answer.
+                continue;
+            }
+            if p.drop_next_ack.swap(false, Ordering::SeqCst) {
+                // The ACK is lost on the way: never recorded, never answered.
+                let _ = socket.close().await;
+                return false;
+            }
+            let (result, reason) = match ack(p, sub, &delivery_id, proof.expose()).await {
+                Ok(r) => r,
+                Err(e) => {
+                    eprintln!("orbit-dev: ack failed: {e}");
+                    return false;
+                }
+            };
+            if p.drop_next_ack_reply.swap(false, Ordering::SeqCst) {
+                // The ACK is recorded; the client never hears so.
+                let _ = socket.close().await;
+                return false;
+            }
+            let answer = ServerMessage::AckResult {
+                delivery_id,
+                result,
+                reason,
+            };
+            if !send(socket, &answer).await {
+                return false;
+            }
+        }
+        return true;
+    }
+    let pairs: Vec<(&str, &str)> = acks
+        .iter()
+        .map(|(id, proof)| (id.as_str(), proof.expose()))
+        .collect();
+    let answers = match ack_many(p, sub, &pairs).await {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("orbit-dev: ack failed: {e}");
+            return false;
+        }
+    };
+    for ((delivery_id, _), (result, reason)) in acks.into_iter().zip(answers) {
+        let answer = ServerMessage::AckResult {
+            delivery_id,
+            result,
+            reason,
+        };
+        if !send(socket, &answer).await {
+            return false;
+        }
+    }
+    true
 }
