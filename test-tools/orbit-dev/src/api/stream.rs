@@ -475,12 +475,7 @@ async fn answer_acks(
                 let _ = socket.close().await;
                 return false;
             }
-            let answer = ServerMessage::AckResult {
-                delivery_id,
-                result,
-                reason,
-            };
-            if !send(socket, &answer).await {
+            if !answer(socket, delivery_id, (result, reason)).await {
                 return false;
             }
         }
@@ -497,15 +492,25 @@ async fn answer_acks(
             return false;
         }
     };
-    for ((delivery_id, _), (result, reason)) in acks.into_iter().zip(answers) {
-        let answer = ServerMessage::AckResult {
-            delivery_id,
-            result,
-            reason,
-        };
-        if !send(socket, &answer).await {
+    for ((delivery_id, _), given) in acks.into_iter().zip(answers) {
+        if !answer(socket, delivery_id, given).await {
             return false;
         }
     }
     true
+}
+
+/// Sends one ACK's answer; `false` when the stream is gone.
+async fn answer(
+    socket: &mut WebSocket,
+    delivery_id: orbit_sdk::DeliveryId,
+    given: AckAnswer,
+) -> bool {
+    let (result, reason) = given;
+    let message = ServerMessage::AckResult {
+        delivery_id,
+        result,
+        reason,
+    };
+    send(socket, &message).await
 }
