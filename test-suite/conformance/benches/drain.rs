@@ -119,10 +119,14 @@ async fn drain(tasks: usize, concurrency: usize) {
     while !consumer.output().contains("consuming") {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    let started = Instant::now();
+    let mut admin = MySqlConnection::connect(orbit.db.admin_receiver_url().expose())
+        .await
+        .unwrap();
     let mut platform = MySqlConnection::connect(orbit.db.platform_url().expose())
         .await
         .unwrap();
+    let drain_from = Counters::read(&mut admin).await;
+    let started = Instant::now();
     let left = || {
         sqlx::query_scalar::<_, i64>(
             "SELECT COUNT(*) FROM orbit_deliveries WHERE subscription_id = ? \
@@ -138,6 +142,7 @@ async fn drain(tasks: usize, concurrency: usize) {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let drained = started.elapsed();
+    let drain_counts = Counters::read(&mut admin).await.since(&drain_from);
     let output = consumer.stop().await;
     let filter = orbit_sdk::DeliveryFilter {
         limit: Some(10_000),
@@ -169,9 +174,6 @@ async fn drain(tasks: usize, concurrency: usize) {
         .sum();
 
     // The same deliveries straight through Store, same concurrency, another consumer name.
-    let mut admin = MySqlConnection::connect(orbit.db.admin_receiver_url().expose())
-        .await
-        .unwrap();
     let canonical: Vec<Vec<u8>> =
         sqlx::query_scalar("SELECT event_canonical FROM receiver_inbox ORDER BY received_at")
             .fetch_all(&mut admin)
@@ -205,6 +207,7 @@ async fn drain(tasks: usize, concurrency: usize) {
     );
     let events = Arc::new(events);
     let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let direct_from = Counters::read(&mut admin).await;
     let direct_started = Instant::now();
     let mut workers = Vec::new();
     for _ in 0..concurrency {
@@ -227,6 +230,7 @@ async fn drain(tasks: usize, concurrency: usize) {
         direct_failed += w.await.unwrap();
     }
     let direct = direct_started.elapsed();
+    let direct_counts = Counters::read(&mut admin).await.since(&direct_from);
     let direct_rate = deliveries as f64 / direct.as_secs_f64();
     store.close().await;
 
@@ -239,6 +243,19 @@ async fn drain(tasks: usize, concurrency: usize) {
         direct.as_secs_f64()
     );
     println!("  consume ÷ direct: {:.2}", drain_rate / direct_rate);
+    // The server is shared: the drain's counts are the platform's and the receiver's together;
+    // the direct run's are the receiver's alone for the same events, so the difference is the
+    // platform's (and the bench's own watch, a count every 100 ms).
+    let per = |c: &Counters| c.per(deliveries);
+    let (all, receiver_only) = (per(&drain_counts), per(&direct_counts));
+    println!(
+        "  per delivery, server counters: drain (platform + receiver) {} ; direct (receiver) {} ; so the platform about {:.1} statements, {:.2} commits, {:.2} fsyncs",
+        all.show(),
+        receiver_only.show(),
+        all.statements - receiver_only.statements,
+        all.commits - receiver_only.commits,
+        all.fsyncs - receiver_only.fsyncs
+    );
     println!(
         "  per delivery in consume: {:.1} ms of wall time per handler slot, of which the apply (p50) {apply_p50} ms",
         drained.as_secs_f64() * 1000.0 * concurrency as f64 / deliveries as f64
@@ -247,4 +264,61 @@ async fn drain(tasks: usize, concurrency: usize) {
         "  reached the platform: {deadlocks} deadlocks, {not_acked} deliveries not ACKed, {second_attempts} second attempts; retries inside the apply: {retried}"
     );
     assert_eq!(deadlocks, 0, "a deadlock reached the platform");
+}
+
+/// Server-wide counters (`SHOW GLOBAL STATUS`): statements, commits and fsyncs.
+#[derive(Debug, Clone, Copy, Default)]
+struct Counters {
+    statements: f64,
+    commits: f64,
+    fsyncs: f64,
+}
+
+impl Counters {
+    async fn read(admin: &mut MySqlConnection) -> Counters {
+        let rows: Vec<(String, String)> = sqlx::query_as(
+            "SHOW GLOBAL STATUS WHERE Variable_name IN \
+             ('Questions', 'Com_commit', 'Innodb_os_log_fsyncs', 'Innodb_data_fsyncs')",
+        )
+        .fetch_all(&mut *admin)
+        .await
+        .unwrap();
+        let get = |name: &str| {
+            rows.iter()
+                .find(|(k, _)| k == name)
+                .and_then(|(_, v)| v.parse().ok())
+                .unwrap_or(0.0)
+        };
+        Counters {
+            statements: get("Questions"),
+            commits: get("Com_commit"),
+            // MySQL counts the redo log's fsyncs apart; MariaDB 10.11 counts them all in
+            // `Innodb_data_fsyncs`. Whichever the server has.
+            fsyncs: get("Innodb_os_log_fsyncs").max(get("Innodb_data_fsyncs")),
+        }
+    }
+
+    fn since(self, before: &Counters) -> Counters {
+        Counters {
+            statements: self.statements - before.statements,
+            commits: self.commits - before.commits,
+            fsyncs: self.fsyncs - before.fsyncs,
+        }
+    }
+
+    fn per(&self, n: usize) -> Counters {
+        let n = n as f64;
+        Counters {
+            statements: self.statements / n,
+            commits: self.commits / n,
+            fsyncs: self.fsyncs / n,
+        }
+    }
+
+    fn show(&self) -> String {
+        format!(
+            "{:.1} statements, {:.2} commits, {:.2} fsyncs",
+            self.statements, self.commits, self.fsyncs
+        )
+    }
 }
