@@ -19,6 +19,8 @@ pub enum AuthorityError {
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub struct Authority<'a> {
     userinfo: Option<&'a str>,
+    /// `host[:port]` as written.
+    hostport: &'a str,
     host: &'a str,
     port: Option<u16>,
 }
@@ -75,6 +77,7 @@ impl<'a> Authority<'a> {
         };
         Ok(Authority {
             userinfo,
+            hostport,
             host,
             port,
         })
@@ -83,6 +86,11 @@ impl<'a> Authority<'a> {
     /// The host as written (an IPv6 address keeps its brackets), without the port.
     pub fn host(&self) -> &'a str {
         self.host
+    }
+
+    /// `host[:port]` as written, without the user information.
+    pub fn host_and_port(&self) -> &'a str {
+        self.hostport
     }
 
     /// The port, when one is written.
@@ -149,6 +157,7 @@ mod tests {
             (Some("us%40er"), Some("p@ss:word"), "db.example", Some(3307))
         );
         assert!(!a.is_loopback());
+        assert_eq!(a.host_and_port(), "db.example:3307");
         let v6 = Authority::parse("[::1]:3306").unwrap();
         assert_eq!(
             (v6.host(), v6.port(), v6.user()),

@@ -62,7 +62,7 @@ impl Dsn {
             endpoint::AuthorityError::BadPort => DsnError::BadPort,
         })?;
         let user = parsed.user().unwrap_or("").to_owned();
-        let host = &authority[authority.rfind('@').map_or(0, |at| at + 1)..];
+        let host = parsed.host_and_port();
         let path = after
             .strip_prefix('/')
             .map(|p| &p[..p.find(['?', '#']).unwrap_or(p.len())])

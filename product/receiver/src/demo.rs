@@ -73,10 +73,15 @@ type Seen = Arc<Mutex<Option<[Outcome; 2]>>>;
 struct Progress(Arc<Mutex<&'static str>>);
 
 impl Progress {
-    /// Enters step `name` and logs it; the error a failure there becomes.
-    fn at(&self, name: &'static str) -> impl Fn(String) -> DemoError {
+    /// Enters step `name` and logs it.
+    fn enter(&self, name: &'static str) {
         *self.0.lock().unwrap_or_else(|p| p.into_inner()) = name;
         tracing::info!(step = name, "demo");
+    }
+
+    /// Enters step `name`; the error a failure there becomes.
+    fn at(&self, name: &'static str) -> impl Fn(String) -> DemoError {
+        self.enter(name);
         move |detail: String| DemoError { step: name, detail }
     }
 
@@ -108,7 +113,7 @@ pub async fn run(config: &DemoConfig) -> Result<DemoReport, DemoError> {
 async fn steps(config: &DemoConfig, progress: &Progress) -> Result<DemoReport, DemoError> {
     let (store, client) = connect(config, progress).await?;
     let made = subscribe_and_cancel(&client, config, progress).await?;
-    let _consuming = progress.at("consume the task's event");
+    progress.enter("consume the task's event");
     let seen = Seen::default();
     let consumer = EventConsumer::new(client.clone(), made.subscription.id.clone()).start({
         let (store, seen, own_task) = (store.clone(), seen.clone(), made.own_task.clone());
