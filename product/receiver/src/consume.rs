@@ -233,6 +233,7 @@ pub async fn run_with(
         let store = store.clone();
         let consumer = EventConsumer::new(client, subscription.id.clone())
             .concurrency(config.concurrency)
+            .prefetch(config.concurrency)
             .credit_gate(gate);
         #[cfg(feature = "fault-barriers")]
         let consumer = consumer.after_ack_sent(crate::fault::ack_sent_hook());
@@ -243,7 +244,8 @@ pub async fn run_with(
             async move {
                 let started = Instant::now();
                 metrics.started();
-                let deadline = tokio::time::Instant::from_std(started) + window;
+                // The lease began when the delivery arrived; it may have waited for a slot.
+                let deadline = d.received_at() + window;
                 let h = apply(&store, d.event_json().as_bytes(), deadline).await;
                 let took = started.elapsed();
                 metrics.handled(&h, took);
@@ -293,6 +295,7 @@ pub async fn run_with(
     tracing::info!(
         cancelled_handlers = summary.cancelled_handlers,
         unanswered_acks = summary.unanswered_acks,
+        released = summary.released,
         "stopped; the subscription stays enabled"
     );
     Ok(())

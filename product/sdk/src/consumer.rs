@@ -2,11 +2,14 @@
 //! handler per delivery, and ACK with that delivery's lease proof only when the handler
 //! succeeded.
 //!
-//! - At most `concurrency` deliveries are held at once: the consumer grants the platform one
-//!   credit per free handler slot and returns a credit when a handler finishes. While a
-//!   [`CreditGate`] is held, finished handlers' credit is kept back, so the platform sends
-//!   nothing new (the receiver holds it while its database is down); releasing it grants
-//!   the credit owed.
+//! - At most `concurrency` handlers run at once, and at most `prefetch` more deliveries wait
+//!   for a free slot: the consumer grants the platform that much credit ahead, and returns it
+//!   in batches (half the prefetch at a time, one by one without prefetch) as handlers finish,
+//!   so a slot that frees takes the next delivery at once instead of waiting a round trip.
+//!   While a [`CreditGate`] is held, no credit goes back, so the platform sends nothing new
+//!   (the receiver holds it while its database is down), no waiting delivery starts, and each
+//!   is released: handed back with a `release` message, so its lease ends now and its attempt
+//!   is not counted. Releasing the gate grants the credit owed.
 //! - A handler error means no ACK: the lease runs out and the platform delivers again. A
 //!   handler that panics is a handler error too (its credit comes back; the panic's message
 //!   is not repeated, since it may quote the event).
@@ -92,12 +95,20 @@ pub struct Delivery {
     pub attempt: u32,
     pub lease_expires_at: String,
     event: Box<RawValue>,
+    received: Instant,
 }
 
 impl Delivery {
     /// The event's JSON exactly as the platform sent it.
     pub fn event_json(&self) -> &str {
         self.event.get()
+    }
+
+    /// When the consumer read the delivery off the stream: its lease began no later. A
+    /// delivery may wait here for a handler slot, so a deadline derived from the lease counts
+    /// from this instant, not from the handler's start.
+    pub fn received_at(&self) -> Instant {
+        self.received
     }
 }
 
@@ -140,6 +151,7 @@ pub struct EventConsumer {
     client: Client,
     subscription: SubscriptionId,
     concurrency: usize,
+    prefetch: usize,
     backoff_initial: Duration,
     backoff_max: Duration,
     ack_timeout: Duration,
@@ -181,15 +193,18 @@ pub struct Summary {
     pub cancelled_handlers: usize,
     /// ACKs sent but never answered.
     pub unanswered_acks: usize,
+    /// Deliveries received and never started, handed back to the platform as it stopped.
+    pub released: usize,
 }
 
 impl EventConsumer {
-    /// A consumer of `subscription` with concurrency 4.
+    /// A consumer of `subscription` with concurrency 4 and no prefetch.
     pub fn new(client: Client, subscription: impl Into<SubscriptionId>) -> EventConsumer {
         EventConsumer {
             client,
             subscription: subscription.into(),
             concurrency: 4,
+            prefetch: 0,
             backoff_initial: Duration::from_millis(100),
             backoff_max: Duration::from_secs(5),
             ack_timeout: Duration::from_secs(10),
@@ -210,6 +225,15 @@ impl EventConsumer {
     /// How many deliveries may be handled at once (at least 1).
     pub fn concurrency(mut self, n: usize) -> EventConsumer {
         self.concurrency = n.max(1);
+        self
+    }
+
+    /// How many deliveries may wait for a handler slot, leased ahead (0 by default: each
+    /// delivery is leased only once a slot is free). Prefetch keeps the slots busy while the
+    /// platform's round trip for the next delivery is under way; each waiting delivery's lease
+    /// runs meanwhile ([`Delivery::received_at`]).
+    pub fn prefetch(mut self, n: usize) -> EventConsumer {
+        self.prefetch = n;
         self
     }
 
@@ -353,21 +377,64 @@ impl PartialEq for HandlerError {
 
 impl Eq for HandlerError {}
 
-/// Credit for the platform: what a connection was granted, and what is owed while the gate
-/// is held.
+/// Credit for the platform: what is owed to it (finished or released deliveries whose credit
+/// has not gone back yet), given in batches.
 struct Credit {
     owed: u32,
+    /// The least worth a frame while the gate is open (1 without prefetch).
+    batch: u32,
 }
 
 impl Credit {
-    /// What to grant now that a handler finished (or a connection opened with `free` slots).
-    fn give(&mut self, n: u32, held: bool) -> Option<u32> {
+    /// Owes `n` more; what to grant now, if anything: nothing while `held`, nothing below a
+    /// batch unless `now`.
+    fn give(&mut self, n: u32, held: bool, now: bool) -> Option<u32> {
         self.owed += n;
-        if held || self.owed == 0 {
+        if held || self.owed == 0 || (self.owed < self.batch && !now) {
             return None;
         }
         Some(std::mem::take(&mut self.owed))
     }
+}
+
+/// Deliveries received and not started: each with its proof, oldest first.
+type Waiting = std::collections::VecDeque<(Delivery, LeaseProof)>;
+
+/// A handler's task: the delivery's id and proof, and how the handler ended.
+type InFlight = JoinSet<(DeliveryId, LeaseProof, Result<(), HandlerError>)>;
+
+/// Starts waiting deliveries while there is a free slot.
+fn start_waiting(waiting: &mut Waiting, in_flight: &mut InFlight, handler: &Handler, slots: usize) {
+    while in_flight.len() < slots {
+        let Some((delivery, proof)) = waiting.pop_front() else {
+            return;
+        };
+        let handler = handler.clone();
+        let delivery_id = delivery.delivery_id.clone();
+        in_flight.spawn(async move {
+            let result = AssertUnwindSafe(handler(delivery))
+                .catch_unwind()
+                .await
+                .unwrap_or_else(|_| Err(HandlerError::Panicked));
+            (delivery_id, proof, result)
+        });
+    }
+}
+
+/// Hands every waiting delivery back to the platform; how many. A release that cannot be
+/// sent is left to its lease.
+async fn release_waiting<L: Link>(waiting: &mut Waiting, link: &mut L) -> usize {
+    let n = waiting.len();
+    for (d, proof) in waiting.drain(..) {
+        let m = ClientMessage::Release {
+            delivery_id: d.delivery_id,
+            proof,
+        };
+        if send(link, &m).await.is_err() {
+            break;
+        }
+    }
+    n
 }
 
 async fn run<C, H, F>(
@@ -383,11 +450,18 @@ where
     F: Future<Output = Result<(), HandlerError>> + Send + 'static,
 {
     let handler: Handler = Arc::new(move |d| Box::pin(handler(d)));
-    let mut in_flight: JoinSet<(DeliveryId, LeaseProof, Result<(), HandlerError>)> = JoinSet::new();
+    let slots = config.concurrency;
+    let window = slots + config.prefetch;
+    let mut in_flight: InFlight = JoinSet::new();
+    let mut waiting: Waiting = Waiting::new();
+    let mut released = 0;
     // ACKs sent and not yet answered: delivery id → the ORIGINAL proof.
     let mut pending: HashMap<DeliveryId, (LeaseProof, Instant)> = HashMap::new();
     let mut gate = config.gate.watch();
-    let mut credit = Credit { owed: 0 };
+    let mut credit = Credit {
+        owed: 0,
+        batch: (config.prefetch as u32 / 2).max(1),
+    };
     // Jittered from half to one and a half of each step, so that consumers cut off together
     // spread their reconnects on both sides of it.
     let mut backoff = Reconnect(
@@ -414,12 +488,12 @@ where
         backoff.reset();
         let _ = events.send(ConsumerEvent::Connected);
 
-        // A new stream starts with no credit: every free slot is owed to it.
+        // A new stream starts with no credit: what is not running or waiting is owed to it.
         let mut outgoing = Vec::new();
         credit.owed = 0;
-        let free = config.concurrency.saturating_sub(in_flight.len()) as u32;
+        let free = window.saturating_sub(in_flight.len() + waiting.len()) as u32;
         let held = *gate.borrow();
-        if let Some(n) = credit.give(free, held) {
+        if let Some(n) = credit.give(free, held, true) {
             outgoing.push(ClientMessage::Credit { credit: n });
         }
         for (id, (proof, sent)) in pending.iter_mut() {
@@ -442,6 +516,7 @@ where
         while broken.is_none() {
             tokio::select! {
                 _ = stop.changed() => {
+                    released += release_waiting(&mut waiting, &mut link).await;
                     link.close().await;
                     break 'connect;
                 }
@@ -454,15 +529,16 @@ where
                     };
                     match ServerMessage::from_json(&text) {
                         Ok(ServerMessage::Delivery { delivery_id, attempt, proof, lease_expires_at, event }) => {
-                            let handler = handler.clone();
-                            let delivery = Delivery { delivery_id: delivery_id.clone(), attempt, lease_expires_at, event };
-                            in_flight.spawn(async move {
-                                let result = AssertUnwindSafe(handler(delivery))
-                                    .catch_unwind()
-                                    .await
-                                    .unwrap_or_else(|_| Err(HandlerError::Panicked));
-                                (delivery_id, proof, result)
-                            });
+                            let received = Instant::now();
+                            let delivery = Delivery { delivery_id, attempt, lease_expires_at, event, received };
+                            waiting.push_back((delivery, proof));
+                            if *gate.borrow() {
+                                // Nothing new starts while held: it goes back at once.
+                                let n = release_waiting(&mut waiting, &mut link).await as u32;
+                                credit.give(n, true, false);
+                            } else {
+                                start_waiting(&mut waiting, &mut in_flight, &handler, slots);
+                            }
                         }
                         Ok(ServerMessage::AckResult { delivery_id, result, reason }) => {
                             pending.remove(&delivery_id);
@@ -473,11 +549,15 @@ where
                     }
                 }
                 Some(done) = in_flight.join_next(), if !in_flight.is_empty() => {
-                    // Handlers that finished together: an ACK each, then one credit frame for
-                    // all the slots they freed.
+                    // Handlers that finished together: an ACK each, then the waiting
+                    // deliveries take their slots, then one credit frame if a batch is owed.
                     let mut finished = vec![done];
                     while let Some(more) = in_flight.try_join_next() {
                         finished.push(more);
+                    }
+                    let held = *gate.borrow();
+                    if !held {
+                        start_waiting(&mut waiting, &mut in_flight, &handler, slots);
                     }
                     let mut freed = 0;
                     for done in finished {
@@ -510,8 +590,7 @@ where
                     if broken.is_some() {
                         continue;
                     }
-                    let held = *gate.borrow();
-                    if let Some(n) = credit.give(freed, held) {
+                    if let Some(n) = credit.give(freed, held, false) {
                         if let Err(e) = send(&mut link, &ClientMessage::Credit { credit: n }).await {
                             broken = Some(e);
                         }
@@ -519,9 +598,15 @@ where
                 }
                 Ok(()) = gate.changed() => {
                     let held = *gate.borrow_and_update();
-                    if let Some(n) = credit.give(0, held) {
-                        if let Err(e) = send(&mut link, &ClientMessage::Credit { credit: n }).await {
-                            broken = Some(e);
+                    if held {
+                        let n = release_waiting(&mut waiting, &mut link).await as u32;
+                        credit.give(n, true, false);
+                    } else {
+                        start_waiting(&mut waiting, &mut in_flight, &handler, slots);
+                        if let Some(n) = credit.give(0, false, true) {
+                            if let Err(e) = send(&mut link, &ClientMessage::Credit { credit: n }).await {
+                                broken = Some(e);
+                            }
                         }
                     }
                 }
@@ -546,6 +631,7 @@ where
     let summary = Summary {
         cancelled_handlers: in_flight.len(),
         unanswered_acks: pending.len(),
+        released,
     };
     in_flight.abort_all();
     summary
@@ -647,6 +733,19 @@ mod tests {
             H: Fn(Delivery) -> F + Send + Sync + 'static,
             F: Future<Output = Result<(), String>> + Send + 'static,
         {
+            Harness::prefetching(concurrency, 0, gate, handler)
+        }
+
+        fn prefetching<H, F>(
+            concurrency: usize,
+            prefetch: usize,
+            gate: CreditGate,
+            handler: H,
+        ) -> Harness
+        where
+            H: Fn(Delivery) -> F + Send + Sync + 'static,
+            F: Future<Output = Result<(), String>> + Send + 'static,
+        {
             let handler = move |d: Delivery| {
                 let fut = handler(d);
                 async move { fut.await.map_err(HandlerError::failed) }
@@ -654,6 +753,7 @@ mod tests {
             let client = Client::new("http://127.0.0.1:9", Token::new("t")).unwrap();
             let config = EventConsumer::new(client, "s")
                 .concurrency(concurrency)
+                .prefetch(prefetch)
                 .credit_gate(gate);
             let (links, rx) = mpsc::unbounded_channel();
             let connector = ChannelConnector {
@@ -749,27 +849,94 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_held_gate_keeps_credit_back_until_it_is_released() {
+    async fn a_held_gate_keeps_credit_back_and_releases_what_arrives_until_it_is_released() {
         let gate = CreditGate::new();
         let mut h = Harness::start(2, gate.clone(), |_| async { Err("no database".to_owned()) });
         let mut peer = h.peer();
         assert_eq!(h.next_event().await, ConsumerEvent::Connected);
         assert_eq!(credit(peer.next().await), 2);
-        gate.hold();
         peer.deliver("a");
+        assert!(matches!(
+            h.next_event().await,
+            ConsumerEvent::HandlerFailed { .. }
+        ));
+        assert_eq!(credit(peer.next_not_heartbeat().await), 1, "a's slot");
+        gate.hold();
+        // Sent before the platform heard of the hold: handed back, never started.
         peer.deliver("b");
-        for _ in 0..2 {
-            assert!(matches!(
-                h.next_event().await,
-                ConsumerEvent::HandlerFailed { .. }
-            ));
-        }
+        peer.deliver("c");
+        assert_eq!(released(peer.next_not_heartbeat().await), "b");
+        assert_eq!(released(peer.next_not_heartbeat().await), "c");
         // 25 s on (short of the silence limit), only heartbeats have been sent.
         tokio::time::sleep(Duration::from_secs(25)).await;
         only_heartbeats(&mut peer);
+        assert!(h.events.try_recv().is_err(), "b was started");
         gate.release();
         assert_eq!(credit(peer.next_not_heartbeat().await), 2, "what was owed");
         h.stop().await;
+    }
+
+    fn acked(m: ClientMessage) -> String {
+        match m {
+            ClientMessage::Ack { delivery_id, .. } => delivery_id.to_string(),
+            other => panic!("wanted an ACK, got {other:?}"),
+        }
+    }
+
+    fn released(m: ClientMessage) -> String {
+        match m {
+            ClientMessage::Release { delivery_id, proof } => {
+                assert_eq!(proof.expose(), format!("p-{delivery_id}"), "its own proof");
+                delivery_id.to_string()
+            }
+            other => panic!("wanted a release, got {other:?}"),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn prefetched_deliveries_wait_for_a_slot_and_credit_returns_in_batches() {
+        // Each handler waits for a permit: `go.add_permits(1)` lets the running one end.
+        let go = Arc::new(tokio::sync::Semaphore::new(0));
+        let permits = go.clone();
+        let mut h = Harness::prefetching(1, 4, CreditGate::new(), move |_| {
+            let permits = permits.clone();
+            async move {
+                permits.acquire().await.expect("never closed").forget();
+                Ok(())
+            }
+        });
+        let mut peer = h.peer();
+        assert_eq!(h.next_event().await, ConsumerEvent::Connected);
+        assert_eq!(credit(peer.next().await), 5, "the slot and the prefetch");
+        for id in ["a", "b", "c", "d", "e"] {
+            peer.deliver(id);
+        }
+        // One slot: a runs, b to e wait; when a ends, b takes the slot.
+        go.add_permits(1);
+        assert_eq!(acked(peer.next_not_heartbeat().await), "a");
+        go.add_permits(1);
+        assert_eq!(acked(peer.next_not_heartbeat().await), "b");
+        // a's credit alone was under the batch (half the prefetch): one frame for both.
+        assert_eq!(credit(peer.next_not_heartbeat().await), 2, "a batch of two");
+        // On stop, the waiting d and e go back, each with its own proof; c, running, is
+        // cancelled.
+        let summary = h.stop().await;
+        let mut back = Vec::new();
+        while let Ok(text) = peer.from_client.try_recv() {
+            match serde_json::from_str(&text).unwrap() {
+                ClientMessage::Heartbeat => {}
+                m => back.push(released(m)),
+            }
+        }
+        assert_eq!(back, ["d", "e"]);
+        assert_eq!(
+            summary,
+            Summary {
+                cancelled_handlers: 1,
+                unanswered_acks: 2,
+                released: 2
+            }
+        );
     }
 
     #[tokio::test(start_paused = true)]

@@ -160,6 +160,13 @@ pub enum ClientMessage {
         delivery_id: DeliveryId,
         proof: LeaseProof,
     },
+    /// The client will not handle the delivery (it stops, or holds new work back): its lease
+    /// ends now and its attempt is not counted. No answer; a proof that is not the current
+    /// lease's changes nothing.
+    Release {
+        delivery_id: DeliveryId,
+        proof: LeaseProof,
+    },
     Heartbeat,
 }
 

@@ -133,6 +133,84 @@ async fn lease_expiry_redelivers_with_a_new_proof_and_acks_are_checked() {
     assert_eq!((d.state.as_str(), d.attempts), ("ACKED", 2));
 }
 
+/// A lease the client hands back ends at once and costs no attempt; only the current lease's
+/// proof can hand it back, and the next lease has a new proof.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_released_lease_goes_back_pending_without_spending_an_attempt() {
+    let (orbit, client, sub) = subscribed(&["--lease-seconds", "60"]).await;
+    cancelled_task(&client).await;
+    let mut ws = raw_stream(&orbit, &sub.id).await;
+    send_raw(&mut ws, json!({"type": "credit", "credit": 1})).await;
+    let first = next_raw(&mut ws).await;
+    let id = first["delivery_id"].as_str().unwrap().to_owned();
+    let proof = first["proof"].as_str().unwrap().to_owned();
+    let delivery_id = DeliveryId::from(id.as_str());
+
+    // Another proof changes nothing. (Releases are recorded before the ACKs read with them,
+    // so the answer to an ACK sent after it shows it was recorded.)
+    send_raw(
+        &mut ws,
+        json!({"type": "release", "delivery_id": id, "proof": "f".repeat(64)}),
+    )
+    .await;
+    send_raw(
+        &mut ws,
+        json!({"type": "ack", "delivery_id": "nope", "proof": "x"}),
+    )
+    .await;
+    assert_eq!(next_raw(&mut ws).await["result"], "refused");
+    let d = client.get_delivery(&delivery_id).await.unwrap();
+    assert_eq!((d.state.as_str(), d.attempts), ("LEASED", 1));
+
+    send_raw(
+        &mut ws,
+        json!({"type": "release", "delivery_id": id, "proof": proof}),
+    )
+    .await;
+    eventually(
+        Duration::from_secs(10),
+        "the delivery back to PENDING",
+        || {
+            let client = client.clone();
+            let delivery_id = delivery_id.clone();
+            async move {
+                let d = client.get_delivery(&delivery_id).await.unwrap();
+                d.state == "PENDING" && d.attempts == 0 && d.lease_expires_at.is_none()
+            }
+        },
+    )
+    .await;
+    let (_, metrics) = http_raw(&orbit.addr, "GET", "/metrics", None, None);
+    assert!(
+        metrics.contains("orbit_leases_released_total 1"),
+        "{metrics}"
+    );
+
+    // Leased again well before the 60 s lease would have run out: attempt 1, a new proof.
+    send_raw(&mut ws, json!({"type": "credit", "credit": 1})).await;
+    let again = next_raw(&mut ws).await;
+    assert_eq!(again["delivery_id"], json!(id));
+    assert_eq!(again["attempt"], 1);
+    let new_proof = again["proof"].as_str().unwrap().to_owned();
+    assert_ne!(new_proof, proof);
+    send_raw(
+        &mut ws,
+        json!({"type": "ack", "delivery_id": id, "proof": proof}),
+    )
+    .await;
+    assert_eq!(
+        next_raw(&mut ws).await["result"],
+        "refused",
+        "the released lease's proof"
+    );
+    send_raw(
+        &mut ws,
+        json!({"type": "ack", "delivery_id": id, "proof": new_proof}),
+    )
+    .await;
+    assert_eq!(next_raw(&mut ws).await["result"], "acked");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_ack_reply_is_reported_again_with_the_same_proof() {
     let (orbit, client, sub) = subscribed(&["--enable-fault-api"]).await;

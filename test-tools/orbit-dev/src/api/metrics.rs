@@ -32,6 +32,7 @@ pub struct PlatformMetrics {
     registry: Registry,
     deliveries: Family<StateLabel, Gauge>,
     leases_expired: Counter,
+    leases_released: Counter,
     acks: Family<ResultLabel, Counter>,
 }
 
@@ -50,12 +51,19 @@ impl Default for PlatformMetrics {
             "Leases that ran out unACKed (back to PENDING, or EXPIRED when the budget was spent)",
             leases_expired.clone(),
         );
+        let leases_released = Counter::default();
+        registry.register(
+            "leases_released",
+            "Leases a client handed back unhandled (back to PENDING, the attempt not counted)",
+            leases_released.clone(),
+        );
         let acks = Family::<ResultLabel, Counter>::default();
         registry.register("acks", "ACKs answered, by result", acks.clone());
         PlatformMetrics {
             registry,
             deliveries,
             leases_expired,
+            leases_released,
             acks,
         }
     }
@@ -64,6 +72,10 @@ impl Default for PlatformMetrics {
 impl PlatformMetrics {
     pub fn leases_expired(&self, n: u64) {
         self.leases_expired.inc_by(n);
+    }
+
+    pub fn released(&self, n: u64) {
+        self.leases_released.inc_by(n);
     }
 
     pub fn ack(&self, result: AckResult) {

@@ -303,6 +303,40 @@ async fn ack_in_order(
     Ok(answers.into_iter().flatten().collect())
 }
 
+/// Ends the leases the client handed back, in one transaction: each delivery whose current
+/// lease the proof belongs to goes back to PENDING with its attempt uncounted (it was never
+/// tried). Any other proof changes nothing. No answer.
+async fn release(
+    p: &Platform,
+    sub: &str,
+    releases: &[(orbit_sdk::DeliveryId, orbit_sdk::wire::LeaseProof)],
+) -> Result<(), sqlx::Error> {
+    if releases.is_empty() {
+        return Ok(());
+    }
+    let mut tx = p.pool.begin().await?;
+    let mut back = 0;
+    for (delivery_id, proof) in releases {
+        back += sqlx::query(
+            "UPDATE orbit_deliveries SET state = 'PENDING', attempts = attempts - 1, \
+             proof_sha256 = NULL, lease_expires_at = NULL, updated_at = UTC_TIMESTAMP(6) \
+             WHERE id = ? AND subscription_id = ? AND state = 'LEASED' AND proof_sha256 = ?",
+        )
+        .bind(delivery_id.as_str())
+        .bind(sub)
+        .bind(sha256(proof.expose()))
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+    }
+    tx.commit().await?;
+    if back > 0 {
+        p.metrics.released(back);
+        p.wake.notify_waiters();
+    }
+    Ok(())
+}
+
 /// Checks one ACK against the delivery's current lease and records it.
 pub(super) async fn ack(
     p: &Platform,
@@ -376,6 +410,7 @@ async fn serve_stream(p: Shared, sub: String, mut socket: WebSocket) {
                     }
                 }
                 let mut acks = Vec::new();
+                let mut releases = Vec::new();
                 let mut end = None;
                 for msg in frames {
                     let text = match msg {
@@ -395,12 +430,19 @@ async fn serve_stream(p: Shared, sub: String, mut socket: WebSocket) {
                         Ok(ClientMessage::Credit { credit: more }) => credit = credit.saturating_add(more).min(10_000),
                         Ok(ClientMessage::Heartbeat) => {}
                         Ok(ClientMessage::Ack { delivery_id, proof }) => acks.push((delivery_id, proof)),
+                        Ok(ClientMessage::Release { delivery_id, proof }) => releases.push((delivery_id, proof)),
                         // Not the contract: close rather than guess.
                         Err(_) => {
                             end = Some(true);
                             break;
                         }
                     }
+                }
+                // Releases first: an answer to an ACK sent after a release shows the release
+                // was recorded.
+                if let Err(e) = release(&p, &sub, &releases).await {
+                    eprintln!("orbit-dev: release failed: {e}");
+                    return;
                 }
                 if !answer_acks(&p, &sub, &mut socket, acks).await {
                     return;
