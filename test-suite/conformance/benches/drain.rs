@@ -10,13 +10,16 @@
 //! is a duplicate rather than a fourth version.
 //!
 //! Run with `make bench` (or `cargo build --release --bins && cargo bench -p conformance
-//! --bench drain`). `DRAIN_BENCH_TASKS=N` changes the number of tasks,
-//! `DRAIN_BENCH_CONCURRENCY=N` the concurrency of both runs (`RECEIVER_CONCURRENCY` for
-//! consume; 4 by default).
+//! --bench drain`). One run drains three backlogs, each on a platform and server of its own:
+//! 2,000 deliveries at concurrency 4 (consume's default) and 16, and 20,000 at 16, whose rate
+//! against the 2,000's shows whether a delivery's cost grows with the backlog.
+//! `DRAIN_BENCH_RUNS=2000@4,20000@16` picks others (deliveries, a multiple of 4, @ the
+//! concurrency of both the consume and the direct run). After each drain the ledger is checked
+//! (every event one inbox row, views at the top version, `applied_events` right).
 //!
-//! The drain is watched by counting the subscription's deliveries not yet ACKED on the
-//! platform's database every 100 ms (an index range over what is left), not by listing every
-//! delivery through the API, which loaded the platform it measures.
+//! The drain is watched by asking the platform's database every 100 ms whether one delivery is
+//! left that is not ACKED (one index entry read), not by listing every delivery through the
+//! API, which loaded the platform it measures.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -37,24 +40,74 @@ enum Step {
 
 fn main() {
     #[allow(clippy::disallowed_methods)] // a bench knob, not receiver configuration
-    let tasks: usize = std::env::var("DRAIN_BENCH_TASKS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(500);
-    #[allow(clippy::disallowed_methods)] // a bench knob, not receiver configuration
-    let concurrency: usize = std::env::var("DRAIN_BENCH_CONCURRENCY")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(receiver::config::DEFAULT_CONCURRENCY);
+    let runs =
+        std::env::var("DRAIN_BENCH_RUNS").unwrap_or_else(|_| "2000@4,2000@16,20000@16".into());
+    let runs: Vec<(usize, usize)> = runs
+        .split(',')
+        .map(|r| {
+            let parsed = r.split_once('@').and_then(|(n, c)| Some((n.trim().parse().ok()?, c.trim().parse().ok()?)));
+            match parsed {
+                Some((n, c)) if n % 4 == 0 && n > 0 && c > 0 => (n, c),
+                _ => panic!("DRAIN_BENCH_RUNS: {r:?} is not DELIVERIES@CONCURRENCY (deliveries a multiple of 4)"),
+            }
+        })
+        .collect();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .unwrap();
-    rt.block_on(drain(tasks, concurrency));
+    let mut results = Vec::new();
+    for (deliveries, concurrency) in runs {
+        results.push(rt.block_on(drain(deliveries / 4, concurrency)));
+    }
+    println!();
+    println!("drain bench summary (events/s; per delivery from the server's counters):");
+    println!("| deliveries | concurrency | consume | direct | consume ÷ direct | platform statements | platform commits | platform fsyncs | platform rows read | ledger |");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
+    for r in &results {
+        println!(
+            "| {} | {} | {:.0} | {:.0} | {:.2} | {:.1} | {:.2} | {:.2} | {:.0} | {} |",
+            r.deliveries,
+            r.concurrency,
+            r.drain_rate,
+            r.direct_rate,
+            r.drain_rate / r.direct_rate,
+            r.platform.statements,
+            r.platform.commits,
+            r.platform.fsyncs,
+            r.platform.rows_read,
+            r.ledger
+        );
+    }
+    for big in &results {
+        for small in &results {
+            if big.concurrency == small.concurrency && big.deliveries > small.deliveries {
+                println!(
+                    "  backlog {} ÷ backlog {} at concurrency {}: {:.2}",
+                    big.deliveries,
+                    small.deliveries,
+                    big.concurrency,
+                    big.drain_rate / small.drain_rate
+                );
+            }
+        }
+    }
 }
 
-async fn drain(tasks: usize, concurrency: usize) {
+/// One drain's figures.
+struct Run {
+    deliveries: usize,
+    concurrency: usize,
+    drain_rate: f64,
+    direct_rate: f64,
+    /// The platform's share per delivery (the drain's counts less the direct run's).
+    platform: Counters,
+    /// What the ledger found.
+    ledger: String,
+}
+
+async fn drain(tasks: usize, concurrency: usize) -> Run {
     let (orbit, client, sub, mut env) = subscribed_receiver(
         &["--enable-fault-api", "--window", "10000"],
         &["task.submitted", "task.started", "task.succeeded"],
@@ -127,10 +180,11 @@ async fn drain(tasks: usize, concurrency: usize) {
         .unwrap();
     let drain_from = Counters::read(&mut admin).await;
     let started = Instant::now();
+    // Whether any delivery is left: one index entry read, whatever the backlog.
     let left = || {
         sqlx::query_scalar::<_, i64>(
-            "SELECT COUNT(*) FROM orbit_deliveries WHERE subscription_id = ? \
-             AND state IN ('PENDING', 'LEASED', 'EXPIRED')",
+            "SELECT COUNT(*) FROM (SELECT 1 FROM orbit_deliveries WHERE subscription_id = ? \
+             AND state IN ('PENDING', 'LEASED', 'EXPIRED') LIMIT 1) AS one",
         )
         .bind(sub.id.as_str())
     };
@@ -267,6 +321,33 @@ async fn drain(tasks: usize, concurrency: usize) {
         "  reached the platform: {deadlocks} deadlocks, {not_acked} deliveries not ACKed, {second_attempts} second attempts; retries inside the apply: {retried}"
     );
     assert_eq!(deadlocks, 0, "a deadlock reached the platform");
+
+    // The consume run's ledger (the direct run wrote under another consumer name, in the same
+    // tables: its rows are taken out first).
+    for table in ["receiver_inbox", "receiver_task_views"] {
+        sqlx::query(&format!(
+            "DELETE FROM {table} WHERE consumer_name = 'drain-direct'"
+        ))
+        .execute(&mut admin)
+        .await
+        .unwrap();
+    }
+    let ledger =
+        conformance::check_ledger_on(&mut admin, &mut platform, sub.id.as_str(), "drain").await;
+    let ledger = format!(
+        "0 violations ({} deliveries, {} events, {} stale)",
+        ledger.deliveries, ledger.events, ledger.stale
+    );
+    println!("  ledger: {ledger}");
+    let platform_share = all.since(&receiver_only);
+    Run {
+        deliveries,
+        concurrency,
+        drain_rate,
+        direct_rate,
+        platform: platform_share,
+        ledger,
+    }
 }
 
 /// Server-wide counters (`SHOW GLOBAL STATUS`): statements, commits and fsyncs.
@@ -275,13 +356,14 @@ struct Counters {
     statements: f64,
     commits: f64,
     fsyncs: f64,
+    rows_read: f64,
 }
 
 impl Counters {
     async fn read(admin: &mut MySqlConnection) -> Counters {
         let rows: Vec<(String, String)> = sqlx::query_as(
             "SHOW GLOBAL STATUS WHERE Variable_name IN \
-             ('Questions', 'Com_commit', 'Innodb_os_log_fsyncs', 'Innodb_data_fsyncs')",
+             ('Questions', 'Com_commit', 'Innodb_os_log_fsyncs', 'Innodb_data_fsyncs', 'Innodb_rows_read', 'Rows_read')",
         )
         .fetch_all(&mut *admin)
         .await
@@ -298,6 +380,8 @@ impl Counters {
             // MySQL counts the redo log's fsyncs apart; MariaDB 10.11 counts them all in
             // `Innodb_data_fsyncs`. Whichever the server has.
             fsyncs: get("Innodb_os_log_fsyncs").max(get("Innodb_data_fsyncs")),
+            // MariaDB counts rows read in `Rows_read`; MySQL in `Innodb_rows_read`.
+            rows_read: get("Innodb_rows_read").max(get("Rows_read")),
         }
     }
 
@@ -306,6 +390,7 @@ impl Counters {
             statements: self.statements - before.statements,
             commits: self.commits - before.commits,
             fsyncs: self.fsyncs - before.fsyncs,
+            rows_read: self.rows_read - before.rows_read,
         }
     }
 
@@ -315,13 +400,14 @@ impl Counters {
             statements: self.statements / n,
             commits: self.commits / n,
             fsyncs: self.fsyncs / n,
+            rows_read: self.rows_read / n,
         }
     }
 
     fn show(&self) -> String {
         format!(
-            "{:.1} statements, {:.2} commits, {:.2} fsyncs",
-            self.statements, self.commits, self.fsyncs
+            "{:.1} statements, {:.2} commits, {:.2} fsyncs, {:.0} rows read",
+            self.statements, self.commits, self.fsyncs, self.rows_read
         )
     }
 }

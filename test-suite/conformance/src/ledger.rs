@@ -1,6 +1,8 @@
 //! After a run: the receiver's tables against the platform's deliveries, and against
 //! themselves.
 
+use std::collections::{BTreeMap, BTreeSet};
+
 use sqlx::MySqlConnection;
 
 /// What [`check_ledger`] counted.
@@ -19,6 +21,8 @@ pub struct Ledger {
 /// exactly one inbox row; no other row exists; every one of `tasks` has a view at its highest
 /// version, whose last event is the applied row of that version; `applied_events` counts the
 /// applied rows and no version advanced a view twice. `what` names the run in failures.
+/// The platform is read through its API (at most 10,000 deliveries): for more, use
+/// [`check_ledger_on`].
 pub async fn check_ledger(
     admin: &mut MySqlConnection,
     client: &orbit_sdk::Client,
@@ -26,16 +30,66 @@ pub async fn check_ledger(
     tasks: &[String],
     what: &str,
 ) -> Ledger {
-    use std::collections::{BTreeMap, BTreeSet};
     let deliveries = client
         .list_deliveries(sub, &Default::default())
         .await
         .unwrap();
+    let deliveries: Vec<(String, String)> = deliveries
+        .into_iter()
+        .map(|d| (d.event_id, d.state))
+        .collect();
+    let mut versions = BTreeMap::new();
+    for task in tasks {
+        let platform = client.get_task(task).await.unwrap();
+        versions.insert(task.clone(), platform.version);
+    }
+    verify(admin, &deliveries, &versions, what).await
+}
+
+/// [`check_ledger`] reading the platform's side from its database (`platform`), for runs of
+/// any size: every task with a delivery of `sub` is checked.
+pub async fn check_ledger_on(
+    admin: &mut MySqlConnection,
+    platform: &mut MySqlConnection,
+    sub: &str,
+    what: &str,
+) -> Ledger {
+    let text = |b: Vec<u8>| String::from_utf8(b).expect("ids are text");
+    let deliveries: Vec<(Vec<u8>, Vec<u8>)> =
+        sqlx::query_as("SELECT event_id, state FROM orbit_deliveries WHERE subscription_id = ?")
+            .bind(sub)
+            .fetch_all(&mut *platform)
+            .await
+            .unwrap();
+    let deliveries: Vec<(String, String)> = deliveries
+        .into_iter()
+        .map(|(e, s)| (text(e), text(s)))
+        .collect();
+    let versions: Vec<(Vec<u8>, u64)> = sqlx::query_as(
+        "SELECT id, version FROM orbit_tasks WHERE id IN \
+         (SELECT task_id FROM orbit_deliveries WHERE subscription_id = ?)",
+    )
+    .bind(sub)
+    .fetch_all(&mut *platform)
+    .await
+    .unwrap();
+    let versions = versions.into_iter().map(|(t, v)| (text(t), v)).collect();
+    verify(admin, &deliveries, &versions, what).await
+}
+
+/// The checks of [`check_ledger`], given the platform's deliveries (event id, state) and the
+/// highest version of each task.
+async fn verify(
+    admin: &mut MySqlConnection,
+    deliveries: &[(String, String)],
+    versions: &BTreeMap<String, u64>,
+    what: &str,
+) -> Ledger {
     assert!(
-        deliveries.iter().all(|d| d.state == "ACKED"),
+        deliveries.iter().all(|(_, state)| state == "ACKED"),
         "{what}: every delivery ACKED"
     );
-    let delivered: BTreeSet<String> = deliveries.iter().map(|d| d.event_id.clone()).collect();
+    let delivered: BTreeSet<&str> = deliveries.iter().map(|(e, _)| e.as_str()).collect();
     let inbox: Vec<(Vec<u8>, bool, Vec<u8>)> =
         sqlx::query_as("SELECT event_id, applied, event_canonical FROM receiver_inbox")
             .fetch_all(&mut *admin)
@@ -50,10 +104,14 @@ pub async fn check_ledger(
         let version = e["task_version"].as_u64().unwrap();
         assert!(rows.insert(id, (task, version, applied)).is_none());
     }
-    let recorded: BTreeSet<String> = rows.keys().cloned().collect();
-    assert_eq!(
-        recorded, delivered,
-        "{what}: every delivered event has exactly one inbox row, and no other row exists"
+    let recorded: BTreeSet<&str> = rows.keys().map(String::as_str).collect();
+    assert!(
+        recorded == delivered,
+        "{what}: every delivered event has exactly one inbox row, and no other row exists \
+         ({} delivered events, {} inbox rows, {} in common)",
+        delivered.len(),
+        recorded.len(),
+        recorded.intersection(&delivered).count()
     );
 
     let views: Vec<(Vec<u8>, u64, Vec<u8>, u64)> = sqlx::query_as(
@@ -71,33 +129,35 @@ pub async fn check_ledger(
             )
         })
         .collect();
-    let inbox_tasks: BTreeSet<&String> = rows.values().map(|(t, _, _)| t).collect();
-    let view_tasks: BTreeSet<&String> = views.keys().collect();
+    // task → the versions of its applied rows
+    let mut applied_by_task: BTreeMap<&str, Vec<u64>> = BTreeMap::new();
+    for (task, version, applied) in rows.values() {
+        let versions = applied_by_task.entry(task).or_default();
+        if *applied {
+            versions.push(*version);
+        }
+    }
+    let inbox_tasks: BTreeSet<&str> = applied_by_task.keys().copied().collect();
+    let view_tasks: BTreeSet<&str> = views.keys().map(String::as_str).collect();
     assert_eq!(
         inbox_tasks, view_tasks,
         "{what}: no inbox row without its view, no view without an inbox row"
     );
-    assert_eq!(view_tasks.len(), tasks.len(), "{what}: a view per task");
+    assert_eq!(view_tasks.len(), versions.len(), "{what}: a view per task");
 
-    for task in tasks {
+    for (task, highest) in versions {
         let (version, last_event, applied_events) = &views[task];
-        let platform = client.get_task(task).await.unwrap();
         assert_eq!(
-            *version, platform.version,
+            version, highest,
             "{what}: task {task} holds its highest version"
         );
-        let of_task: Vec<_> = rows.iter().filter(|(_, (t, _, _))| t == task).collect();
         let (last_task, last_version, last_applied) = &rows[last_event];
         assert_eq!(
             (last_task, last_version, *last_applied),
             (task, version, true),
             "{what}: the view's last event is the applied row of its version"
         );
-        let applied: Vec<u64> = of_task
-            .iter()
-            .filter(|(_, r)| r.2)
-            .map(|(_, r)| r.1)
-            .collect();
+        let applied = &applied_by_task[task.as_str()];
         let distinct: BTreeSet<u64> = applied.iter().copied().collect();
         assert_eq!(
             *applied_events,

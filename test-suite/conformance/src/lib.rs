@@ -25,7 +25,7 @@ pub use bins::{
 pub use database::{OwnServerReceiver, ReceiverDb};
 pub use events::EventSpec;
 pub use http::{http_json, http_raw};
-pub use ledger::{check_ledger, Ledger};
+pub use ledger::{check_ledger, check_ledger_on, Ledger};
 pub use orbit::{all_acked, bootstrap, cancelled_task, subscribed_receiver, OrbitDev};
 pub use wait::{eventually, poll, poll_blocking};
 
