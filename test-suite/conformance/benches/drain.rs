@@ -3,11 +3,7 @@
 //! same run, on the same server: events per second, their ratio, and what reached the
 //! platform that should not have (deadlocks, second attempts).
 //!
-//! The backlog: 500 tasks, each `task.submitted` (v1), `task.started` (v2), `task.succeeded`
-//! (v3) and one redelivery of one of those (the platform's duplicate-event fault): 2,000
-//! deliveries, the tasks' steps interleaved in a seeded random order. orbit-dev's task states
-//! allow three versions per task (a final state is final), so the fourth delivery of each task
-//! is a duplicate rather than a fourth version.
+//! The backlog: `conformance::load` (three versions and a duplicate per task, interleaved).
 //!
 //! Run with `make bench` (or `cargo build --release --bins && cargo bench -p conformance
 //! --bench drain`). One run drains three backlogs, each on a platform and server of its own:
@@ -27,16 +23,7 @@ use std::time::{Duration, Instant};
 use conformance::process::Consumer;
 use conformance::{subscribed_receiver, QUEUE};
 use result_inbox::{ConsumerName, QueueId, Store, StoreOptions, TaskEvent};
-use serde_json::json;
 use sqlx::{Connection, MySqlConnection};
-
-#[derive(Clone, Copy)]
-enum Step {
-    Submit,
-    Start,
-    Succeed,
-    Duplicate,
-}
 
 fn main() {
     #[allow(clippy::disallowed_methods)] // a bench knob, not receiver configuration
@@ -110,56 +97,13 @@ struct Run {
 async fn drain(tasks: usize, concurrency: usize) -> Run {
     let (orbit, client, sub, mut env) = subscribed_receiver(
         &["--enable-fault-api", "--window", "10000"],
-        &["task.submitted", "task.started", "task.succeeded"],
+        conformance::load::LOAD_TYPES,
     )
     .await;
 
-    // The schedule: each task's steps in order, the tasks interleaved at random.
     let mut rng = fastrand::Rng::with_seed(0x5EED_D4A1);
-    let mut plan: Vec<Vec<Step>> = (0..tasks)
-        .map(|_| {
-            let mut steps = vec![Step::Submit, Step::Start, Step::Succeed];
-            steps.insert(rng.usize(1..=3), Step::Duplicate);
-            steps.reverse();
-            steps
-        })
-        .collect();
-    let mut ids: Vec<Option<String>> = vec![None; tasks];
     let produced = Instant::now();
-    let mut open: Vec<usize> = (0..tasks).collect();
-    while !open.is_empty() {
-        let pick = rng.usize(..open.len());
-        let t = open[pick];
-        match plan[t].pop().expect("a step left") {
-            Step::Submit => ids[t] = Some(client.submit_task(QUEUE, None).await.unwrap().id),
-            Step::Start => {
-                let id = ids[t].as_deref().unwrap();
-                client.report_task(id, "RUNNING", None).await.unwrap();
-            }
-            Step::Succeed => {
-                let id = ids[t].as_deref().unwrap();
-                let result =
-                    serde_json::value::RawValue::from_string(format!(r#"{{"n":{t},"ok":true}}"#))
-                        .unwrap();
-                client
-                    .report_task(id, "SUCCEEDED", Some(&result))
-                    .await
-                    .unwrap();
-            }
-            Step::Duplicate => {
-                let filter = orbit_sdk::DeliveryFilter {
-                    task_id: ids[t].clone(),
-                    ..Default::default()
-                };
-                let emitted = client.list_deliveries(&sub.id, &filter).await.unwrap();
-                let event = &emitted[rng.usize(..emitted.len())].event_id;
-                orbit.fault(json!({"fault": "duplicate-event", "event_id": event}));
-            }
-        }
-        if plan[t].is_empty() {
-            open.swap_remove(pick);
-        }
-    }
+    conformance::load::produce(&orbit, &client, &sub.id, tasks, &mut rng, |_| {}).await;
     let deliveries = tasks * 4;
     println!(
         "drain bench: {deliveries} deliveries queued over {tasks} tasks in {:.1} s; draining with receiver consume at concurrency {concurrency}",

@@ -15,6 +15,7 @@ pub mod events;
 pub mod http;
 pub mod kit;
 pub mod ledger;
+pub mod load;
 pub mod orbit;
 pub mod process;
 pub mod wait;

@@ -77,6 +77,7 @@ const SCHEMA: &[&str] = &[
         updated_at DATETIME(6) NOT NULL,
         UNIQUE KEY by_id (id),
         KEY by_subscription (subscription_id, state, seq),
+        KEY by_task (subscription_id, task_id, seq),
         KEY by_lease (state, lease_expires_at)
     ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin",
 ];

@@ -43,19 +43,27 @@ pub(super) async fn list_deliveries(
     if !(1..=10_000).contains(&limit) {
         return Err(ApiError::invalid("limit must be between 1 and 10000"));
     }
-    let rows = sqlx::query(&format!(
-        "SELECT {} FROM orbit_deliveries WHERE subscription_id = ? \
-         AND (? IS NULL OR state = ?) AND (? IS NULL OR task_id = ?) ORDER BY seq LIMIT ?",
+    // Only the filters given, so that a task's deliveries are read through `by_task` rather
+    // than by scanning the subscription's.
+    let mut sql = format!(
+        "SELECT {} FROM orbit_deliveries WHERE subscription_id = ?",
         db::DELIVERY_COLUMNS
-    ))
-    .bind(&id)
-    .bind(&q.state)
-    .bind(&q.state)
-    .bind(&q.task_id)
-    .bind(&q.task_id)
-    .bind(limit)
-    .fetch_all(&p.pool)
-    .await?;
+    );
+    if q.state.is_some() {
+        sql.push_str(" AND state = ?");
+    }
+    if q.task_id.is_some() {
+        sql.push_str(" AND task_id = ?");
+    }
+    sql.push_str(" ORDER BY seq LIMIT ?");
+    let mut query = sqlx::query(&sql).bind(&id);
+    if let Some(state) = &q.state {
+        query = query.bind(state);
+    }
+    if let Some(task) = &q.task_id {
+        query = query.bind(task);
+    }
+    let rows = query.bind(limit).fetch_all(&p.pool).await?;
     Ok(Json(
         rows.iter()
             .map(db::delivery_from_row)
