@@ -35,7 +35,7 @@ impl Drop for ContinueOnDrop {
     }
 }
 
-async fn run(outage: Outage) {
+async fn run(outage: Outage, concurrency: usize) {
     // Leases longer than the 5 s budget, so an in-flight delivery fails before its lease ends.
     let own = OwnServerReceiver::start(
         &["--lease-seconds", "10", "--max-attempts", "100"],
@@ -43,7 +43,9 @@ async fn run(outage: Outage) {
     )
     .await;
     let (server, receiver_db, client, sub) = (&own.server, &own.receiver_db, &own.client, &own.sub);
-    let consumer = Consumer::normal(&own.env);
+    let mut env = own.env.clone();
+    env.push(("RECEIVER_CONCURRENCY", concurrency.to_string()));
+    let consumer = Consumer::normal(&env);
 
     // The consumer is up and applying.
     let mut tasks = vec![cancelled_task(client).await];
@@ -90,15 +92,16 @@ async fn run(outage: Outage) {
         "one line for the start: {output}"
     );
 
-    // Only what was in flight when the database went away spent a second attempt.
+    // Only what was running when the database went away spent a second attempt: what was
+    // leased ahead was released, unattempted.
     let deliveries = client
         .list_deliveries(&sub.id, &Default::default())
         .await
         .unwrap();
     let spent: Vec<_> = deliveries.iter().filter(|d| d.attempts > 1).collect();
     assert!(
-        spent.len() <= receiver::config::DEFAULT_CONCURRENCY,
-        "{} deliveries spent more than one attempt ({outage:?}): {spent:?}",
+        spent.len() <= concurrency,
+        "{} deliveries spent more than one attempt ({outage:?}, concurrency {concurrency}): {spent:?}",
         spent.len()
     );
 
@@ -127,10 +130,16 @@ async fn run(outage: Outage) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stopped_database_holds_queued_deliveries_without_spending_their_attempts() {
-    run(Outage::Stopped).await;
+    run(Outage::Stopped, receiver::config::DEFAULT_CONCURRENCY).await;
+}
+
+/// The same at a concurrency of 16, whose 16 deliveries leased ahead are released.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_concurrency_16_a_stopped_database_spends_no_attempt_of_what_was_leased_ahead() {
+    run(Outage::Stopped, 16).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_database_holds_queued_deliveries_without_spending_their_attempts() {
-    run(Outage::Restarted).await;
+    run(Outage::Restarted, receiver::config::DEFAULT_CONCURRENCY).await;
 }
