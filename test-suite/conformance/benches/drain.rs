@@ -124,21 +124,13 @@ async fn drain(tasks: usize, concurrency: usize) -> Run {
         .unwrap();
     let drain_from = Counters::read(&mut admin).await;
     let started = Instant::now();
-    // Whether any delivery is left: one index entry read, whatever the backlog.
-    let left = || {
-        sqlx::query_scalar::<_, i64>(
-            "SELECT COUNT(*) FROM (SELECT 1 FROM orbit_deliveries WHERE subscription_id = ? \
-             AND state IN ('PENDING', 'LEASED', 'EXPIRED') LIMIT 1) AS one",
-        )
-        .bind(sub.id.as_str())
-    };
-    while left().fetch_one(&mut platform).await.unwrap() > 0 {
-        assert!(
-            started.elapsed() < Duration::from_secs(600),
-            "the backlog did not drain in 10 minutes"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    conformance::load::wait_drained(
+        &mut platform,
+        sub.id.as_str(),
+        Duration::from_millis(100),
+        Duration::from_secs(600),
+    )
+    .await;
     let drained = started.elapsed();
     let drain_counts = Counters::read(&mut admin).await.since(&drain_from);
     let output = consumer.stop().await;

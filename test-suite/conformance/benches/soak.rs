@@ -181,24 +181,17 @@ async fn soak(tasks: usize, concurrency: usize) {
     let mut platform = MySqlConnection::connect(orbit.db.platform_url().expose())
         .await
         .unwrap();
-    let left = || {
-        sqlx::query_scalar::<_, i64>(
-            "SELECT COUNT(*) FROM (SELECT 1 FROM orbit_deliveries WHERE subscription_id = ? \
-             AND state IN ('PENDING', 'LEASED', 'EXPIRED') LIMIT 1) AS one",
-        )
-        .bind(sub.id.as_str())
-    };
     println!(
         "  {:.0} s: every task made; waiting for the last deliveries to be ACKED",
         started.elapsed().as_secs_f64()
     );
-    while left().fetch_one(&mut platform).await.unwrap() > 0 {
-        assert!(
-            started.elapsed() < Duration::from_secs(1800),
-            "the soak did not drain in 30 minutes"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    conformance::load::wait_drained(
+        &mut platform,
+        sub.id.as_str(),
+        Duration::from_millis(200),
+        Duration::from_secs(1800),
+    )
+    .await;
     let took = started.elapsed();
     let output = consumer.stop().await;
     let (receiver_samples, orbit_samples) = sampler.await.unwrap();

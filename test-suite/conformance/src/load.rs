@@ -83,3 +83,33 @@ pub async fn produce(
     }
     ids.into_iter().flatten().collect()
 }
+
+/// Waits until no delivery of `sub` is left unACKED (PENDING, LEASED or EXPIRED), asking the
+/// platform's database every `every` whether one is left: one index entry read, whatever the
+/// backlog, so the watch does not load the platform it measures. Panics after `within`.
+pub async fn wait_drained(
+    platform: &mut sqlx::MySqlConnection,
+    sub: &str,
+    every: std::time::Duration,
+    within: std::time::Duration,
+) {
+    let started = std::time::Instant::now();
+    loop {
+        let left: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM (SELECT 1 FROM orbit_deliveries WHERE subscription_id = ? \
+             AND state IN ('PENDING', 'LEASED', 'EXPIRED') LIMIT 1) AS one",
+        )
+        .bind(sub)
+        .fetch_one(&mut *platform)
+        .await
+        .unwrap();
+        if left == 0 {
+            return;
+        }
+        assert!(
+            started.elapsed() < within,
+            "the deliveries did not drain in {within:?}"
+        );
+        tokio::time::sleep(every).await;
+    }
+}
