@@ -123,6 +123,8 @@ async fn drain(tasks: usize, concurrency: usize) -> Run {
         .await
         .unwrap();
     let drain_from = Counters::read(&mut admin).await;
+    let pids = [consumer.pid(), orbit.pid()];
+    let cpu_from = Cpu::read(pids);
     let started = Instant::now();
     conformance::load::wait_drained(
         &mut platform,
@@ -133,6 +135,7 @@ async fn drain(tasks: usize, concurrency: usize) -> Run {
     .await;
     let drained = started.elapsed();
     let drain_counts = Counters::read(&mut admin).await.since(&drain_from);
+    let cpu = Cpu::read(pids).since(&cpu_from);
     let output = consumer.stop().await;
     // Counted on the platform's database: the API lists at most 10,000 at a time.
     let (made, second_attempts): (i64, i64) = sqlx::query_as(
@@ -253,6 +256,15 @@ async fn drain(tasks: usize, concurrency: usize) -> Run {
         "  per delivery in consume: {:.1} ms of wall time per handler slot, of which the apply (p50) {apply_p50} ms",
         drained.as_secs_f64() * 1000.0 * concurrency as f64 / deliveries as f64
     );
+    let ms = |ticks: f64| ticks * 1000.0 / Cpu::HZ / deliveries as f64;
+    println!(
+        "  CPU per delivery during the drain: receiver {:.3} ms, orbit-dev {:.3} ms, the rest of the machine (the server, the bench's watch) {:.3} ms; idle {:.3} ms of the {} cores' time",
+        ms(cpu.procs[0]),
+        ms(cpu.procs[1]),
+        ms(cpu.busy - cpu.procs[0] - cpu.procs[1]),
+        ms(cpu.idle),
+        cpu.cores
+    );
     println!(
         "  reached the platform: {deadlocks} deadlocks, {not_acked} deliveries not ACKed, {second_attempts} second attempts; retries inside the apply: {retried}"
     );
@@ -345,5 +357,66 @@ impl Counters {
             "{:.1} statements, {:.2} commits, {:.2} fsyncs, {:.0} rows read",
             self.statements, self.commits, self.fsyncs, self.rows_read
         )
+    }
+}
+
+/// CPU time from `/proc`, in clock ticks: two processes', and the machine's busy and idle time.
+struct Cpu {
+    procs: [f64; 2],
+    busy: f64,
+    idle: f64,
+    cores: usize,
+}
+
+impl Cpu {
+    /// Linux's USER_HZ, the unit of `/proc`'s CPU times, on every architecture we run.
+    const HZ: f64 = 100.0;
+
+    fn read(pids: [u32; 2]) -> Cpu {
+        let procs = pids.map(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            // After the command name's closing parenthesis: field 3 is the first; utime and
+            // stime are fields 14 and 15.
+            let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+            let f: Vec<f64> = rest
+                .split_whitespace()
+                .filter_map(|x| x.parse().ok())
+                .collect();
+            f.get(11).copied().unwrap_or(0.0) + f.get(12).copied().unwrap_or(0.0)
+        });
+        let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+        let cores = stat
+            .lines()
+            .filter(|l| l.starts_with("cpu") && !l.starts_with("cpu "))
+            .count();
+        let total: Vec<f64> = stat
+            .lines()
+            .next()
+            .unwrap_or_default()
+            .split_whitespace()
+            .skip(1)
+            .filter_map(|x| x.parse().ok())
+            .collect();
+        // user nice system idle iowait irq softirq steal
+        let idle = total.get(3).copied().unwrap_or(0.0) + total.get(4).copied().unwrap_or(0.0);
+        let busy = total.iter().take(8).sum::<f64>() - idle;
+        Cpu {
+            procs,
+            busy,
+            idle,
+            cores,
+        }
+    }
+
+    fn since(self, before: &Cpu) -> Cpu {
+        Cpu {
+            procs: [
+                self.procs[0] - before.procs[0],
+                self.procs[1] - before.procs[1],
+            ],
+            busy: self.busy - before.busy,
+            idle: self.idle - before.idle,
+            cores: self.cores,
+        }
     }
 }

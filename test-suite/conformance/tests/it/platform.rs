@@ -211,6 +211,112 @@ async fn a_released_lease_goes_back_pending_without_spending_an_attempt() {
     assert_eq!(next_raw(&mut ws).await["result"], "acked");
 }
 
+/// The value of a counter (no labels) in orbit-dev's `/metrics`.
+fn platform_counter(orbit: &OrbitDev, name: &str) -> u64 {
+    let (_, text) = http_raw(&orbit.addr, "GET", "/metrics", None, None);
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{name} in orbit-dev's /metrics: {text}"))
+}
+
+/// Two streams of one subscription, the window smaller than their credit, and ACKs sent with
+/// more credit in one burst, so that one turn (one transaction) records the ACKs and leases
+/// again: no delivery is leased to both, the window is never exceeded (the turn counts the
+/// leases its own ACKs ended), and each ACK gets the answer it would get alone, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acks_read_together_are_answered_as_alone_and_two_streams_share_the_window() {
+    let (orbit, client, sub) = subscribed(&["--window", "8", "--lease-seconds", "60"]).await;
+    for _ in 0..12 {
+        cancelled_task(&client).await;
+    }
+    let mut leased: HashMap<String, String> = HashMap::new();
+    let mut take = |v: &Value| {
+        let id = v["delivery_id"].as_str().unwrap().to_owned();
+        let proof = v["proof"].as_str().unwrap().to_owned();
+        assert!(
+            leased.insert(id.clone(), proof.clone()).is_none(),
+            "{id} leased twice"
+        );
+        (id, proof)
+    };
+    // Six to stream a, then two to stream b: the window (8) is full, 4 pending.
+    let mut a = raw_stream(&orbit, &sub.id).await;
+    send_raw(&mut a, json!({"type": "credit", "credit": 6})).await;
+    let mut on_a = Vec::new();
+    for _ in 0..6 {
+        on_a.push(take(&next_raw(&mut a).await));
+    }
+    let mut b = raw_stream(&orbit, &sub.id).await;
+    send_raw(&mut b, json!({"type": "credit", "credit": 6})).await;
+    let on_b = [take(&next_raw(&mut b).await), take(&next_raw(&mut b).await)];
+    wait_for_hold(
+        &orbit,
+        "window full (8 of 8 leased or expired); holding 4 pending",
+    )
+    .await;
+
+    // One burst on stream a: 5 more credit and ACKs, with repeats and refusals, one of them for
+    // a delivery stream b holds (any stream of the subscription may ACK with the proof).
+    let (own1, own2, theirs) = (&on_a[0], &on_a[1], &on_b[0]);
+    let burst = [
+        (own1.0.clone(), own1.1.clone(), "acked"),
+        (own1.0.clone(), own1.1.clone(), "already_acked"),
+        (own2.0.clone(), "0".repeat(64), "refused"),
+        ("nope".to_owned(), "0".repeat(64), "refused"),
+        (own2.0.clone(), own2.1.clone(), "acked"),
+        (theirs.0.clone(), theirs.1.clone(), "acked"),
+        (own2.0.clone(), own1.1.clone(), "refused"),
+    ];
+    let turns_before = platform_counter(&orbit, "orbit_ack_turns_total");
+    let frames = std::iter::once(json!({"type": "credit", "credit": 5})).chain(
+        burst
+            .iter()
+            .map(|(id, proof, _)| json!({"type": "ack", "delivery_id": id, "proof": proof})),
+    );
+    for f in frames {
+        a.feed(Message::Text(f.to_string().into())).await.unwrap();
+    }
+    a.flush().await.unwrap();
+    let mut answers = Vec::new();
+    while answers.len() < burst.len() {
+        let v = next_raw(&mut a).await;
+        match v["type"].as_str() {
+            Some("ack_result") => answers.push(v),
+            _ => {
+                take(&v);
+            }
+        }
+    }
+    for (i, ((id, _, expected), answer)) in burst.iter().zip(&answers).enumerate() {
+        assert_eq!(answer["delivery_id"], json!(id), "answer {i} in order");
+        assert_eq!(answer["result"], json!(expected), "answer {i}: {answer}");
+    }
+    let turns = platform_counter(&orbit, "orbit_ack_turns_total") - turns_before;
+    assert!(
+        turns < burst.len() as u64,
+        "{} ACKs sent in one write were recorded in {turns} transactions",
+        burst.len()
+    );
+    // Three leases ended, so three more are leased, not the 4 pending nor the 5 credit: the
+    // window is full again with one pending.
+    wait_for_hold(
+        &orbit,
+        "window full (8 of 8 leased or expired); holding 1 pending",
+    )
+    .await;
+    let states: Vec<String> = deliveries(&client, &sub.id)
+        .await
+        .into_iter()
+        .map(|d| d.state)
+        .collect();
+    let count = |s: &str| states.iter().filter(|x| *x == s).count();
+    assert_eq!(
+        (count("ACKED"), count("LEASED"), count("PENDING")),
+        (3, 8, 1),
+        "{states:?}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_ack_reply_is_reported_again_with_the_same_proof() {
     let (orbit, client, sub) = subscribed(&["--enable-fault-api"]).await;

@@ -34,6 +34,7 @@ pub struct PlatformMetrics {
     leases_expired: Counter,
     leases_released: Counter,
     acks: Family<ResultLabel, Counter>,
+    ack_turns: Counter,
 }
 
 impl Default for PlatformMetrics {
@@ -59,12 +60,19 @@ impl Default for PlatformMetrics {
         );
         let acks = Family::<ResultLabel, Counter>::default();
         registry.register("acks", "ACKs answered, by result", acks.clone());
+        let ack_turns = Counter::default();
+        registry.register(
+            "ack_turns",
+            "Transactions that recorded ACKs (ACKs that arrive together share one)",
+            ack_turns.clone(),
+        );
         PlatformMetrics {
             registry,
             deliveries,
             leases_expired,
             leases_released,
             acks,
+            ack_turns,
         }
     }
 }
@@ -76,6 +84,11 @@ impl PlatformMetrics {
 
     pub fn released(&self, n: u64) {
         self.leases_released.inc_by(n);
+    }
+
+    /// One transaction recorded ACKs.
+    pub fn ack_turn(&self) {
+        self.ack_turns.inc();
     }
 
     pub fn ack(&self, result: AckResult) {

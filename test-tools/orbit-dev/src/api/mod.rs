@@ -27,12 +27,13 @@ use tasks::{cancel_task, get_task, report_task, submit_task};
 mod auth;
 mod deliveries;
 mod faults;
+mod leasing;
 pub mod metrics;
 mod stream;
 mod subscriptions;
 mod tasks;
 
-pub use stream::expire_leases;
+pub use leasing::expire_leases;
 
 /// Subscriptions one namespace may have (paused ones included; none is ever deleted).
 pub const MAX_SUBSCRIPTIONS: i64 = 64;
