@@ -204,6 +204,7 @@ async fn drain(tasks: usize, concurrency: usize) -> Run {
     let events = Arc::new(events);
     let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let direct_from = Counters::read(&mut admin).await;
+    let direct_cpu_from = Cpu::read(pids);
     let direct_started = Instant::now();
     let mut workers = Vec::new();
     for _ in 0..concurrency {
@@ -227,6 +228,7 @@ async fn drain(tasks: usize, concurrency: usize) -> Run {
     }
     let direct = direct_started.elapsed();
     let direct_counts = Counters::read(&mut admin).await.since(&direct_from);
+    let direct_cpu = Cpu::read(pids).since(&direct_cpu_from);
     let direct_rate = deliveries as f64 / direct.as_secs_f64();
     store.close().await;
 
@@ -266,6 +268,11 @@ async fn drain(tasks: usize, concurrency: usize) -> Run {
         cpu.cores
     );
     println!(
+        "  CPU per delivery during the direct run: the machine (the server, the bench's Store) {:.3} ms; idle {:.3} ms",
+        ms(direct_cpu.busy - direct_cpu.procs[0] - direct_cpu.procs[1]),
+        ms(direct_cpu.idle)
+    );
+    println!(
         "  reached the platform: {deadlocks} deadlocks, {not_acked} deliveries not ACKed, {second_attempts} second attempts; retries inside the apply: {retried}"
     );
     assert_eq!(deadlocks, 0, "a deadlock reached the platform");
@@ -280,8 +287,9 @@ async fn drain(tasks: usize, concurrency: usize) -> Run {
         .await
         .unwrap();
     }
-    let ledger =
-        conformance::check_ledger_on(&mut admin, &mut platform, sub.id.as_str(), "drain").await;
+    let ledger = conformance::check_ledger_on(&mut admin, &mut platform, sub.id.as_str(), "drain")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
     let ledger = format!(
         "0 violations ({} deliveries, {} events, {} stale)",
         ledger.deliveries, ledger.events, ledger.stale

@@ -1,7 +1,9 @@
 //! The soak (`make soak`; not part of `make test`): 100,000 deliveries through the real
 //! `receiver consume` (release build) from a real `orbit-dev`, made while the receiver
 //! consumes (`conformance::load`: three versions and a duplicate per task; older versions
-//! arrive late when handlers overtake each other). Once a second it samples the resident set
+//! arrive late when handlers overtake each other), and then 1,000 older versions sent late on
+//! purpose (orbit-dev's `forge-event`: version 1 again under a new id, for tasks at their top
+//! version), each of which must be recorded as stale. Once a second it samples the resident set
 //! and the open file descriptors of both processes; at the end it checks the ledger and
 //! reports each process's growth after warm-up and its slope (least squares, per minute).
 //! It fails when the receiver's or the platform's resident set grows by 10 MB or more after
@@ -9,7 +11,7 @@
 //! finds anything wrong.
 //!
 //! `SOAK_DELIVERIES=N` (a multiple of 4; 100,000 by default), `SOAK_CONCURRENCY=N` (consume's,
-//! 4 by default).
+//! 4 by default), `SOAK_STALE=N` (the older versions sent late; 1,000 by default).
 
 use std::time::{Duration, Instant};
 
@@ -126,6 +128,7 @@ fn knob(name: &str, default: usize) -> usize {
 fn main() {
     let deliveries = knob("SOAK_DELIVERIES", 100_000);
     let concurrency = knob("SOAK_CONCURRENCY", receiver::config::DEFAULT_CONCURRENCY);
+    let stale = knob("SOAK_STALE", 1_000);
     assert!(
         deliveries % DELIVERIES_PER_TASK == 0 && deliveries > 0,
         "SOAK_DELIVERIES: {deliveries} is not a positive multiple of 4"
@@ -135,10 +138,15 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
-    rt.block_on(soak(deliveries / DELIVERIES_PER_TASK, concurrency));
+    assert!(
+        stale <= deliveries / DELIVERIES_PER_TASK,
+        "SOAK_STALE: {stale} is more than the {} tasks",
+        deliveries / DELIVERIES_PER_TASK
+    );
+    rt.block_on(soak(deliveries / DELIVERIES_PER_TASK, concurrency, stale));
 }
 
-async fn soak(tasks: usize, concurrency: usize) {
+async fn soak(tasks: usize, concurrency: usize, stale: usize) {
     let (orbit, client, sub, mut env) =
         subscribed_receiver(&["--enable-fault-api", "--window", "10000"], LOAD_TYPES).await;
     env.push(("RECEIVER_CONCURRENCY", concurrency.to_string()));
@@ -192,6 +200,37 @@ async fn soak(tasks: usize, concurrency: usize) {
         Duration::from_secs(1800),
     )
     .await;
+    // Older versions arriving late, which the receiver must record as stale without moving a
+    // view back: for `stale` tasks already at their top version, an event of version 1 under
+    // a new id (orbit-dev's `forge-event`).
+    let keys: Vec<Vec<u8>> = sqlx::query_scalar(
+        "SELECT MIN(id) FROM orbit_events \
+         WHERE CAST(JSON_VALUE(body, '$.task_version') AS UNSIGNED) >= 2 GROUP BY task_id LIMIT ?",
+    )
+    .bind(stale as u64)
+    .fetch_all(&mut platform)
+    .await
+    .unwrap();
+    let mut forged = Vec::with_capacity(keys.len());
+    for key in &keys {
+        let key = String::from_utf8(key.clone()).unwrap();
+        let reply = orbit.fault(
+            serde_json::json!({"fault": "forge-event", "event_id": key, "keep_id": false, "task_version": 1}),
+        );
+        forged.push(reply["event_id"].as_str().expect("a forged id").to_owned());
+    }
+    println!(
+        "  {:.0} s: {} older versions (version 1 again, new ids) sent late; waiting for them to be ACKED",
+        started.elapsed().as_secs_f64(),
+        forged.len()
+    );
+    conformance::load::wait_drained(
+        &mut platform,
+        sub.id.as_str(),
+        Duration::from_millis(200),
+        Duration::from_secs(600),
+    )
+    .await;
     let took = started.elapsed();
     let output = consumer.stop().await;
     let (receiver_samples, orbit_samples) = sampler.await.unwrap();
@@ -206,13 +245,35 @@ async fn soak(tasks: usize, concurrency: usize) {
     let mut admin = MySqlConnection::connect(orbit.db.admin_receiver_url().expose())
         .await
         .unwrap();
-    let ledger =
-        conformance::check_ledger_on(&mut admin, &mut platform, sub.id.as_str(), "soak").await;
+    let ledger = conformance::check_ledger_on(&mut admin, &mut platform, sub.id.as_str(), "soak")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
     println!(
         "  ledger: 0 violations ({} deliveries, {} events, {} stale)",
         ledger.deliveries, ledger.events, ledger.stale
     );
-    assert_eq!(ledger.deliveries, deliveries, "every delivery made");
+    assert_eq!(
+        ledger.deliveries,
+        deliveries + forged.len(),
+        "every delivery made"
+    );
+    let marks = vec!["?"; forged.len()].join(", ");
+    let sql =
+        format!("SELECT COUNT(*) FROM receiver_inbox WHERE applied = 0 AND event_id IN ({marks})");
+    let mut query = sqlx::query_scalar::<_, i64>(&sql);
+    for id in &forged {
+        query = query.bind(id);
+    }
+    let forged_stale = query.fetch_one(&mut admin).await.unwrap();
+    println!(
+        "  late older versions recorded as stale: {forged_stale} of {}",
+        forged.len()
+    );
+    assert_eq!(
+        forged_stale as usize,
+        forged.len(),
+        "every older version sent late is recorded and not applied"
+    );
     let mut failed = Vec::new();
     for (name, samples) in [
         ("receiver consume", &receiver_samples),

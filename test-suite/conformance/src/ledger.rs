@@ -20,7 +20,8 @@ pub struct Ledger {
 /// with the platform and with themselves. Every delivery of `sub` is ACKED and its event has
 /// exactly one inbox row; no other row exists; every one of `tasks` has a view at its highest
 /// version, whose last event is the applied row of that version; `applied_events` counts the
-/// applied rows and no version advanced a view twice. `what` names the run in failures.
+/// applied rows and no version advanced a view twice. `what` names the run in failures, which
+/// name the first event and task ids found wrong and what is wrong with each.
 /// The platform is read through its API (at most 10,000 deliveries): for more, use
 /// [`check_ledger_on`].
 pub async fn check_ledger(
@@ -29,38 +30,47 @@ pub async fn check_ledger(
     sub: &orbit_sdk::SubscriptionId,
     tasks: &[String],
     what: &str,
-) -> Ledger {
+) -> Result<Ledger, String> {
     let deliveries = client
         .list_deliveries(sub, &Default::default())
         .await
-        .unwrap();
+        .map_err(|e| format!("{what}: the platform's deliveries could not be listed: {e}"))?;
     let deliveries: Vec<(String, String)> = deliveries
         .into_iter()
         .map(|d| (d.event_id, d.state))
         .collect();
     let mut versions = BTreeMap::new();
     for task in tasks {
-        let platform = client.get_task(task).await.unwrap();
+        let platform = client
+            .get_task(task)
+            .await
+            .map_err(|e| format!("{what}: task {task} could not be read: {e}"))?;
         versions.insert(task.clone(), platform.version);
     }
     verify(admin, &deliveries, &versions, what).await
 }
 
 /// [`check_ledger`] reading the platform's side from its database (`platform`), for runs of
-/// any size: every task with a delivery of `sub` is checked.
+/// any size: every task with a delivery of `sub` is checked, forged events (older versions
+/// arriving late, under ids of their own) included.
 pub async fn check_ledger_on(
     admin: &mut MySqlConnection,
     platform: &mut MySqlConnection,
     sub: &str,
     what: &str,
-) -> Ledger {
+) -> Result<Ledger, String> {
     let text = |b: Vec<u8>| String::from_utf8(b).expect("ids are text");
-    let deliveries: Vec<(Vec<u8>, Vec<u8>)> =
-        sqlx::query_as("SELECT event_id, state FROM orbit_deliveries WHERE subscription_id = ?")
-            .bind(sub)
-            .fetch_all(&mut *platform)
-            .await
-            .unwrap();
+    // The id each delivered body carries, which the receiver records: the platform's key for
+    // it is the same but for forged events (orbit-dev's `forge-event`), stored under keys of
+    // their own.
+    let deliveries: Vec<(Vec<u8>, Vec<u8>)> = sqlx::query_as(
+        "SELECT JSON_VALUE(e.body, '$.id'), d.state FROM orbit_deliveries d \
+         JOIN orbit_events e ON e.id = d.event_id WHERE d.subscription_id = ?",
+    )
+    .bind(sub)
+    .fetch_all(&mut *platform)
+    .await
+    .map_err(|e| format!("{what}: the platform's deliveries could not be read: {e}"))?;
     let deliveries: Vec<(String, String)> = deliveries
         .into_iter()
         .map(|(e, s)| (text(e), text(s)))
@@ -72,60 +82,75 @@ pub async fn check_ledger_on(
     .bind(sub)
     .fetch_all(&mut *platform)
     .await
-    .unwrap();
+    .map_err(|e| format!("{what}: the platform's tasks could not be read: {e}"))?;
     let versions = versions.into_iter().map(|(t, v)| (text(t), v)).collect();
     verify(admin, &deliveries, &versions, what).await
 }
 
 /// The checks of [`check_ledger`], given the platform's deliveries (event id, state) and the
-/// highest version of each task.
+/// highest version of each task. Every problem found is named with its event or task id; the
+/// error lists the first [`SHOWN`] of them.
 async fn verify(
     admin: &mut MySqlConnection,
     deliveries: &[(String, String)],
     versions: &BTreeMap<String, u64>,
     what: &str,
-) -> Ledger {
-    assert!(
-        deliveries.iter().all(|(_, state)| state == "ACKED"),
-        "{what}: every delivery ACKED"
-    );
+) -> Result<Ledger, String> {
+    let mut problems = Problems::default();
+    for (event, state) in deliveries {
+        if state != "ACKED" {
+            problems.add(format!("event {event}: a delivery is {state}, not ACKED"));
+        }
+    }
     let delivered: BTreeSet<&str> = deliveries.iter().map(|(e, _)| e.as_str()).collect();
     let inbox: Vec<(Vec<u8>, bool, Vec<u8>)> =
         sqlx::query_as("SELECT event_id, applied, event_canonical FROM receiver_inbox")
             .fetch_all(&mut *admin)
             .await
-            .unwrap();
+            .map_err(|e| format!("{what}: the inbox could not be read: {e}"))?;
     // event id → (task, version, applied)
     let mut rows = BTreeMap::new();
     for (id, applied, canonical) in inbox {
-        let e: serde_json::Value = serde_json::from_slice(&canonical).unwrap();
-        let id = String::from_utf8(id).unwrap();
-        let task = e["task_id"].as_str().unwrap().to_owned();
-        let version = e["task_version"].as_u64().unwrap();
-        assert!(rows.insert(id, (task, version, applied)).is_none());
+        let id = String::from_utf8_lossy(&id).into_owned();
+        let e: serde_json::Value = serde_json::from_slice(&canonical).unwrap_or_default();
+        let (Some(task), Some(version)) = (e["task_id"].as_str(), e["task_version"].as_u64())
+        else {
+            problems.add(format!(
+                "event {id}: the stored event has no task id or version"
+            ));
+            continue;
+        };
+        if rows
+            .insert(id.clone(), (task.to_owned(), version, applied))
+            .is_some()
+        {
+            problems.add(format!("event {id}: doubled (two inbox rows)"));
+        }
     }
     let recorded: BTreeSet<&str> = rows.keys().map(String::as_str).collect();
-    assert!(
-        recorded == delivered,
-        "{what}: every delivered event has exactly one inbox row, and no other row exists \
-         ({} delivered events, {} inbox rows, {} in common)",
-        delivered.len(),
-        recorded.len(),
-        recorded.intersection(&delivered).count()
-    );
+    for missing in delivered.difference(&recorded) {
+        problems.add(format!(
+            "event {missing}: ACKED without a committed inbox row (R-STORE-7: ACK only after COMMIT)"
+        ));
+    }
+    for extra in recorded.difference(&delivered) {
+        problems.add(format!(
+            "event {extra}: an inbox row for no delivered event"
+        ));
+    }
 
     let views: Vec<(Vec<u8>, u64, Vec<u8>, u64)> = sqlx::query_as(
         "SELECT task_id, task_version, last_event_id, applied_events FROM receiver_task_views",
     )
     .fetch_all(&mut *admin)
     .await
-    .unwrap();
+    .map_err(|e| format!("{what}: the views could not be read: {e}"))?;
     let views: BTreeMap<String, (u64, String, u64)> = views
         .into_iter()
         .map(|(t, v, e, n)| {
             (
-                String::from_utf8(t).unwrap(),
-                (v, String::from_utf8(e).unwrap(), n),
+                String::from_utf8_lossy(&t).into_owned(),
+                (v, String::from_utf8_lossy(&e).into_owned(), n),
             )
         })
         .collect();
@@ -137,43 +162,86 @@ async fn verify(
             versions.push(*version);
         }
     }
-    let inbox_tasks: BTreeSet<&str> = applied_by_task.keys().copied().collect();
-    let view_tasks: BTreeSet<&str> = views.keys().map(String::as_str).collect();
-    assert_eq!(
-        inbox_tasks, view_tasks,
-        "{what}: no inbox row without its view, no view without an inbox row"
-    );
-    assert_eq!(view_tasks.len(), versions.len(), "{what}: a view per task");
-
-    for (task, highest) in versions {
-        let (version, last_event, applied_events) = &views[task];
-        assert_eq!(
-            version, highest,
-            "{what}: task {task} holds its highest version"
-        );
-        let (last_task, last_version, last_applied) = &rows[last_event];
-        assert_eq!(
-            (last_task, last_version, *last_applied),
-            (task, version, true),
-            "{what}: the view's last event is the applied row of its version"
-        );
-        let applied = &applied_by_task[task.as_str()];
-        let distinct: BTreeSet<u64> = applied.iter().copied().collect();
-        assert_eq!(
-            *applied_events,
-            applied.len() as u64,
-            "{what}: task {task}: applied_events counts the events that advanced it"
-        );
-        assert_eq!(
-            distinct.len(),
-            applied.len(),
-            "{what}: task {task}: no version advanced the view twice"
-        );
-        assert!(applied.iter().all(|v| v <= version));
+    for task in applied_by_task.keys() {
+        if !views.contains_key(*task) {
+            problems.add(format!("task {task}: inbox rows without a view"));
+        }
     }
-    Ledger {
+    for task in views.keys() {
+        if !applied_by_task.contains_key(task.as_str()) {
+            problems.add(format!("task {task}: a view without an inbox row"));
+        }
+    }
+    for (task, highest) in versions {
+        let Some((version, last_event, applied_events)) = views.get(task) else {
+            problems.add(format!(
+                "task {task}: no view (its top version is {highest})"
+            ));
+            continue;
+        };
+        if version != highest {
+            problems.add(format!(
+                "task {task}: the view is at version {version}, not the top version {highest} (R-STORE-6)"
+            ));
+        }
+        match rows.get(last_event) {
+            Some((t, v, true)) if t == task && v == version => {}
+            _ => problems.add(format!(
+                "task {task}: the view's last event {last_event} is not the applied inbox row of version {version}"
+            )),
+        }
+        let applied = applied_by_task
+            .get(task.as_str())
+            .cloned()
+            .unwrap_or_default();
+        let distinct: BTreeSet<u64> = applied.iter().copied().collect();
+        if *applied_events != applied.len() as u64 {
+            problems.add(format!(
+                "task {task}: applied_events is {applied_events}, but {} inbox rows advanced the view",
+                applied.len()
+            ));
+        }
+        if distinct.len() != applied.len() {
+            problems.add(format!(
+                "task {task}: a version advanced the view twice (R-STORE-4)"
+            ));
+        }
+        if let Some(v) = applied.iter().find(|v| *v > version) {
+            problems.add(format!(
+                "task {task}: version {v} is marked applied above the view's {version}"
+            ));
+        }
+    }
+    problems.verdict(what)?;
+    Ok(Ledger {
         deliveries: deliveries.len(),
         events: delivered.len(),
         stale: rows.values().filter(|r| !r.2).count(),
+    })
+}
+
+/// How many problems a failed ledger lists.
+pub const SHOWN: usize = 5;
+
+/// What a ledger found wrong, in the order found.
+#[derive(Default)]
+struct Problems(Vec<String>);
+
+impl Problems {
+    fn add(&mut self, p: String) {
+        self.0.push(p);
+    }
+
+    fn verdict(self, what: &str) -> Result<(), String> {
+        if self.0.is_empty() {
+            return Ok(());
+        }
+        let more = self.0.len().saturating_sub(SHOWN);
+        let mut out = format!("{what}: the ledger found {} problem(s): ", self.0.len());
+        out.push_str(&self.0[..self.0.len().min(SHOWN)].join("; "));
+        if more > 0 {
+            out.push_str(&format!("; and {more} more"));
+        }
+        Err(out)
     }
 }

@@ -2,16 +2,21 @@
 //! `conformance::kit` and the README's "Your own receiver").
 //!
 //! Options: `--only CASE[,CASE…]`, `--seed N` (the crash loop's schedule; by default one from
-//! the clock, printed), `--junit FILE` (a JUnit XML report), `--list` (the cases). Exit 0 only
-//! when every case passed, 1 when one failed, 2 for a bad command line.
+//! the clock, printed), `--junit FILE` (a JUnit XML report), `--json FILE` (a JSON report),
+//! `--expect FILE` (cases known to fail, each with a reason), `--strict` (SHOULD cases count
+//! too), `--list` (the cases). Report paths are checked, and their directories made, before
+//! the first case. Exit 0 when no case fails the run (a MUST that failed, a SHOULD under
+//! `--strict`, or any change from the expectations), 1 otherwise, 2 for a bad command line or
+//! an unwritable report.
 
 use std::fmt::Write as _;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
+use conformance::kit::report::{self, CaseResult, Expected};
 use conformance::kit::{cases, Ctx};
 
-const USAGE: &str = "usage: conformance run --receiver 'COMMAND LINE' [--only CASE[,CASE…]] [--seed N] [--junit FILE]\n       conformance mutants --receiver-mutant PATH\n       conformance list";
+const USAGE: &str = "usage: conformance run --receiver 'COMMAND LINE' [--only CASE[,CASE…]] [--seed N] [--junit FILE] [--json FILE] [--expect FILE] [--strict]\n       conformance mutants --receiver-mutant PATH\n       conformance list";
 
 /// How long one case may take before the kit gives up on it.
 const CASE_LIMIT: Duration = Duration::from_secs(240);
@@ -21,6 +26,9 @@ struct Options {
     only: Option<Vec<String>>,
     seed: u64,
     junit: Option<std::path::PathBuf>,
+    json: Option<std::path::PathBuf>,
+    expect: Vec<Expected>,
+    strict: bool,
 }
 
 /// What the command line asks for.
@@ -35,7 +43,13 @@ fn parse(args: &[String]) -> Result<Asked, String> {
     match args.first().map(String::as_str) {
         Some("list") | Some("--list") => {
             for c in cases() {
-                println!("{:<24} {:<32} {}", c.name, c.rules, c.what);
+                println!(
+                    "{:<24} {:<7} {:<32} {}",
+                    c.name,
+                    c.level.as_str(),
+                    c.rules,
+                    c.what
+                );
             }
             return Ok(Asked::Nothing);
         }
@@ -56,6 +70,9 @@ fn parse(args: &[String]) -> Result<Asked, String> {
     let mut receiver = None;
     let mut only = None;
     let mut junit = None;
+    let mut json = None;
+    let mut expect = Vec::new();
+    let mut strict = false;
     let mut seed = None;
     let mut it = args[1..].iter();
     while let Some(a) = it.next() {
@@ -88,6 +105,15 @@ fn parse(args: &[String]) -> Result<Asked, String> {
                 );
             }
             "--junit" => junit = Some(value("a file")?.into()),
+            "--json" => json = Some(value("a file")?.into()),
+            "--expect" => {
+                let file = value("a file")?;
+                let text =
+                    std::fs::read_to_string(&file).map_err(|e| format!("--expect {file}: {e}"))?;
+                expect = report::parse_expectations(&text, &names)
+                    .map_err(|e| format!("--expect {file}: {e}"))?;
+            }
+            "--strict" => strict = true,
             other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
         }
     }
@@ -102,6 +128,9 @@ fn parse(args: &[String]) -> Result<Asked, String> {
         only,
         seed,
         junit,
+        json,
+        expect,
+        strict,
     }))
 }
 
@@ -134,8 +163,24 @@ fn run_case(
 struct Ran {
     name: &'static str,
     rules: &'static str,
+    level: conformance::kit::Level,
     seconds: f64,
     verdict: Result<String, String>,
+    /// The expectations file's reason, when it says this case fails.
+    expected: Option<String>,
+}
+
+impl Ran {
+    fn result(&self) -> CaseResult<'_> {
+        CaseResult {
+            name: self.name,
+            rules: self.rules,
+            level: self.level,
+            seconds: self.seconds,
+            verdict: &self.verdict,
+            expected: self.expected.as_deref(),
+        }
+    }
 }
 
 fn xml(s: &str) -> String {
@@ -154,7 +199,10 @@ fn xml(s: &str) -> String {
 }
 
 fn junit(ran: &[Ran], o: &Options, replay: &str, seconds: f64) -> String {
-    let failures = ran.iter().filter(|r| r.verdict.is_err()).count();
+    let failures = ran
+        .iter()
+        .filter(|r| r.verdict.is_err() && r.expected.is_none())
+        .count();
     let mut s = String::from("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n");
     let _ = writeln!(
         s,
@@ -171,13 +219,22 @@ fn junit(ran: &[Ran], o: &Options, replay: &str, seconds: f64) -> String {
     for r in ran {
         let _ = write!(
             s,
-            "  <testcase classname=\"kit.{}\" name=\"{} [{}]\" time=\"{:.1}\"",
+            "  <testcase classname=\"kit.{}\" name=\"{} [{} {}]\" time=\"{:.1}\"",
             xml(r.name),
             xml(r.name),
+            r.level.as_str(),
             xml(r.rules),
             r.seconds
         );
         match &r.verdict {
+            Err(why) if r.expected.is_some() => {
+                let _ = writeln!(
+                    s,
+                    ">\n    <skipped message=\"expected to fail: {}\">{}</skipped>\n  </testcase>",
+                    xml(r.expected.as_deref().unwrap_or_default()),
+                    xml(why)
+                );
+            }
             Ok(saw) => {
                 let _ = writeln!(
                     s,
@@ -217,11 +274,19 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    for file in o.junit.iter().chain(&o.json) {
+        if let Err(e) = report::prepare(file) {
+            eprintln!("conformance: {e}");
+            return ExitCode::from(2);
+        }
+    }
+    conformance::kit::quiet_panics();
     let runtime = runtime();
     let replay = format!(
-        "conformance run --receiver {} --seed {}",
+        "conformance run --receiver {} --seed {}{}",
         shell_quote(&o.receiver),
-        o.seed
+        o.seed,
+        if o.strict { " --strict" } else { "" }
     );
     let started = Instant::now();
     let selected: Vec<_> = cases()
@@ -247,7 +312,12 @@ fn main() -> ExitCode {
     );
     let mut ran = Vec::new();
     for case in &selected {
-        println!("conformance: {}: running ({})", case.name, case.what);
+        println!(
+            "conformance: {}: running ({}; {})",
+            case.name,
+            case.level.as_str(),
+            case.what
+        );
         let t = Instant::now();
         let ctx = Ctx {
             receiver: o.receiver.clone(),
@@ -268,46 +338,68 @@ fn main() -> ExitCode {
         ran.push(Ran {
             name: case.name,
             rules: case.rules,
+            level: case.level,
             seconds,
             verdict,
+            expected: o
+                .expect
+                .iter()
+                .find(|e| e.case == case.name)
+                .map(|e| e.reason.clone()),
         });
     }
     drop(runtime);
     let seconds = started.elapsed().as_secs_f64();
 
     println!(
-        "\n{:<24} {:<32} {:>7} {:>8}",
-        "case", "rules", "result", "seconds"
+        "\n{:<24} {:<7} {:<32} {:>16} {:>8}",
+        "case", "level", "rules", "result", "seconds"
     );
     for r in &ran {
         println!(
-            "{:<24} {:<32} {:>7} {:>8.1}",
+            "{:<24} {:<7} {:<32} {:>16} {:>8.1}",
             r.name,
+            r.level.as_str(),
             r.rules,
-            if r.verdict.is_ok() {
-                "passed"
-            } else {
-                "FAILED"
-            },
+            r.result().outcome().as_str(),
             r.seconds
         );
     }
-    let failed: Vec<&Ran> = ran.iter().filter(|r| r.verdict.is_err()).collect();
+    let failing: Vec<&Ran> = ran
+        .iter()
+        .filter(|r| r.result().outcome().fails_run(r.level, o.strict))
+        .collect();
+    let count = |o: report::Outcome| ran.iter().filter(|r| r.result().outcome() == o).count();
     println!(
-        "{:<24} {:<32} {:>7} {:>8.1}  (wall clock)",
+        "{:<24} {} passed, {} failed, {} expected failures, {} unexpected passes; {:.1} s (wall clock)",
         "total",
-        format!(
-            "{} passed, {} failed",
-            ran.len() - failed.len(),
-            failed.len()
-        ),
-        "",
+        count(report::Outcome::Passed),
+        count(report::Outcome::Failed),
+        count(report::Outcome::ExpectedFailure),
+        count(report::Outcome::UnexpectedPass),
         seconds
     );
-    for r in &failed {
-        if let Err(why) = &r.verdict {
-            println!("FAILED {}: {why}", r.name);
+    for r in &ran {
+        match (&r.verdict, r.result().outcome()) {
+            (Err(why), report::Outcome::Failed) => {
+                let counts = if r.result().outcome().fails_run(r.level, o.strict) {
+                    ""
+                } else {
+                    " (a SHOULD: fails the run only with --strict)"
+                };
+                println!("FAILED {} [{}]{counts}: {why}", r.name, r.level.as_str());
+            }
+            (_, report::Outcome::UnexpectedPass) => println!(
+                "UNEXPECTED PASS {}: the expectations file says it fails ({}); take it out",
+                r.name,
+                r.expected.as_deref().unwrap_or_default()
+            ),
+            _ => {}
         }
+    }
+    println!("the kit cannot verify:");
+    for c in report::CANNOT_VERIFY {
+        println!("  - {c}");
     }
     println!("seed {} (replay: {replay})", o.seed);
     if let Some(file) = &o.junit {
@@ -317,7 +409,17 @@ fn main() -> ExitCode {
         }
         println!("junit: {}", file.display());
     }
-    if failed.is_empty() {
+    if let Some(file) = &o.json {
+        let results: Vec<CaseResult<'_>> = ran.iter().map(Ran::result).collect();
+        let j = report::json(&o.receiver, o.seed, o.strict, seconds, &results);
+        let text = serde_json::to_string_pretty(&j).unwrap_or_default();
+        if let Err(e) = std::fs::write(file, text + "\n") {
+            eprintln!("conformance: cannot write {}: {e}", file.display());
+            return ExitCode::from(2);
+        }
+        println!("json: {}", file.display());
+    }
+    if failing.is_empty() {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
@@ -331,6 +433,7 @@ fn mutants(bin: &str) -> ExitCode {
         eprintln!("conformance: {bin} is missing: `make mutant-build` builds it");
         return ExitCode::from(2);
     }
+    conformance::kit::quiet_panics();
     let runtime = runtime();
     let all = cases();
     let started = Instant::now();
@@ -395,6 +498,9 @@ mod tests {
             only: None,
             seed: 7,
             junit: None,
+            json: None,
+            expect: Vec::new(),
+            strict: false,
         }
     }
 
@@ -404,14 +510,18 @@ mod tests {
             Ran {
                 name: "first-receipt",
                 rules: "R-STORE-7",
+                level: conformance::kit::Level::Must,
                 seconds: 0.5,
                 verdict: Ok("ACKed & <fine>".into()),
+                expected: None,
             },
             Ran {
                 name: "stale-version",
                 rules: "R-STORE-6",
+                level: conformance::kit::Level::Must,
                 seconds: 1.0,
                 verdict: Err("R-STORE-6: \"v1\" moved the view\nsecond line\u{1}".into()),
+                expected: None,
             },
         ];
         let xml = junit(
@@ -461,6 +571,10 @@ mod tests {
             err(&["run", "--receiver", "x", "--bogus"]).starts_with("unknown argument \"--bogus\"")
         );
         assert!(err(&["mutants"]).starts_with("usage:"));
+        assert!(
+            err(&["run", "--receiver", "x", "--expect", "/no/such/file"])
+                .starts_with("--expect /no/such/file: ")
+        );
         assert!(err(&[]).starts_with("usage:"));
         match parse(&args(&[
             "run",
@@ -470,9 +584,14 @@ mod tests {
             "schema,utc",
             "--seed",
             "9",
+            "--strict",
+            "--json",
+            "out/kit.json",
         ])) {
             Ok(Asked::Run(o)) => {
                 assert_eq!((o.receiver.as_str(), o.seed), ("r", 9));
+                assert!(o.strict);
+                assert_eq!(o.json, Some("out/kit.json".into()));
                 assert_eq!(o.only, Some(vec!["schema".to_owned(), "utc".to_owned()]));
             }
             _ => panic!("a good command line"),

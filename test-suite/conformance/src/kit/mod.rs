@@ -32,6 +32,48 @@ const TYPES: &[&str] = &[
 /// The short lease of cases that do not need the real one.
 const SHORT_LEASE: u64 = 3;
 
+/// Whether a receiver written to the source design alone must pass a case.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Level {
+    /// The source design's rules: every receiver must pass.
+    Must,
+    /// This project's stricter rules (the outage hold, identities compared byte for byte):
+    /// reported, and failing the run only with `--strict`.
+    Should,
+}
+
+impl Level {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Level::Must => "MUST",
+            Level::Should => "SHOULD",
+        }
+    }
+}
+
+/// ACKs the platform refused in the worlds of the case running now (the kit runs one case at
+/// a time): counted as each world ends, from orbit-dev's `/metrics`.
+static REFUSED_ACKS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Where the kit's last panic happened (`file:line`), kept by the hook [`quiet_panics`]
+/// installs.
+static LAST_PANIC: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
+
+/// Replaces the panic hook's report (a message and, with `RUST_BACKTRACE`, a backtrace on
+/// standard error) with a note of where it happened: [`Case::run`] turns the panic into the
+/// case's one-line message.
+pub fn quiet_panics() {
+    std::panic::set_hook(Box::new(|info| {
+        let at = info
+            .location()
+            .map(|l| format!("{}:{}", l.file(), l.line()))
+            .unwrap_or_default();
+        if let Ok(mut last) = LAST_PANIC.lock() {
+            *last = Some(at);
+        }
+    }));
+}
+
 /// A case's verdict: `Ok` with what it saw, or `Err` with what was wrong.
 pub type Verdict = Result<String, String>;
 type CaseFuture = Pin<Box<dyn Future<Output = Verdict> + Send>>;
@@ -41,6 +83,7 @@ pub struct Case {
     pub name: &'static str,
     /// The requirements it proves (`docs/requirements.md`).
     pub rules: &'static str,
+    pub level: Level,
     pub what: &'static str,
     run: fn(Ctx) -> CaseFuture,
 }
@@ -53,10 +96,11 @@ pub struct Ctx {
 }
 
 macro_rules! case {
-    ($name:literal, $rules:literal, $what:literal, $f:ident) => {
+    ($name:literal, $level:ident, $rules:literal, $what:literal, $f:ident) => {
         Case {
             name: $name,
             rules: $rules,
+            level: Level::$level,
             what: $what,
             run: |ctx| Box::pin($f(ctx)),
         }
@@ -66,24 +110,24 @@ macro_rules! case {
 /// Every case, in the order the kit runs them.
 pub fn cases() -> Vec<Case> {
     vec![
-        case!("schema", "R-SCHEMA-1 R-SCHEMA-5 R-SCHEMA-7", "init makes 2 tables, 17 commented columns, no foreign key, byte-compared identity columns; a second init is refused", schema),
-        case!("names-by-bytes", "R-SCHEMA-7 R-STORE-4", "two consumer names that differ only in case, on one database: each records the event and keeps a view of its own", names_by_bytes),
-        case!("first-receipt", "R-STORE-5 R-STORE-7 R-CANON-2", "one event: ACKed at its first attempt, one inbox row with the canonical form and its SHA-256, the view at its version", first_receipt),
-        case!("ack-after-commit", "R-STORE-7", "the answer to COMMIT held 1.5 s by the proxy: while the row is committed and the answer is on its way, the delivery is not ACKed", ack_after_commit),
-        case!("duplicate", "R-STORE-4", "the same event delivered again: ACKed, still one inbox row, the view advanced once", duplicate),
-        case!("stale-version", "R-STORE-6", "an older version arriving late: ACKed and kept as history, the view stays at the newer one", stale_version),
-        case!("same-id-other-content", "R-STORE-2 R-STORE-4", "an event with an applied event's id and other content: never ACKed, the stored record unchanged", same_id_other_content),
-        case!("same-version-other-id", "R-STORE-6", "another event id for a version already applied: never ACKed, rolled back (no inbox row)", same_version_other_id),
-        case!("needs-review", "R-CANON-1", "NEEDS_REVIEW stays NEEDS_REVIEW in the view", needs_review),
-        case!("exact-numbers", "R-SCHEMA-4 R-CANON-2", "big integers and decimal text in a result kept byte for byte", exact_numbers),
-        case!("utc", "R-SCHEMA-6", "times stored in UTC while the server's time zone is +09:00", utc),
-        case!("queue-mismatch", "R-CLI-3", "a subscription on another queue than the configured one: consume refuses to start and takes nothing", queue_mismatch),
-        case!("kill-after-commit", "R-FAULT-4", "SIGKILL after COMMIT and before the ACK landed: after the real 30 s lease the redelivery is a duplicate (attempts 2, applied_events 1)", kill_after_commit),
-        case!("commit-lost", "R-STORE-7 R-STORE-8 R-FAULT-3", "the server's OK to COMMIT dropped by the proxy: no ACK at that attempt, then resolved as a duplicate", commit_lost),
-        case!("database-restart", "R-STORE-9", "the receiver's database killed and started again while events queue: nothing lost, nothing doubled, nothing expired", database_restart),
-        case!("sigterm", "R-CLI-3", "SIGTERM ends consume within 10 s and leaves the subscription enabled", sigterm),
-        case!("crash-loop", "R-FAULT-4 R-STORE-4 R-STORE-6", "seeded SIGKILLs over duplicates and out-of-order versions, then a ledger check", crash_loop),
-        case!("no-secrets", "R-SDK-3 R-STORE-11 R-CLI-4", "no token, password or lease proof in the output, errors included", no_secrets),
+        case!("schema", Must, "R-SCHEMA-1 R-SCHEMA-5 R-SCHEMA-7", "init makes 2 tables, 17 commented columns, no foreign key, byte-compared identity columns; a second init is refused", schema),
+        case!("names-by-bytes", Should, "R-SCHEMA-7 R-STORE-4", "two consumer names that differ only in case, on one database: each records the event and keeps a view of its own", names_by_bytes),
+        case!("first-receipt", Must, "R-STORE-5 R-STORE-7 R-CANON-2", "one event: ACKed at its first attempt, one inbox row with the canonical form and its SHA-256, the view at its version", first_receipt),
+        case!("ack-after-commit", Must, "R-STORE-7", "the answer to COMMIT held 1.5 s by the proxy: while the row is committed and the answer is on its way, the delivery is not ACKed", ack_after_commit),
+        case!("duplicate", Must, "R-STORE-4", "the same event delivered again: ACKed, still one inbox row, the view advanced once", duplicate),
+        case!("stale-version", Must, "R-STORE-6", "an older version arriving late: ACKed and kept as history, the view stays at the newer one", stale_version),
+        case!("same-id-other-content", Must, "R-STORE-2 R-STORE-4", "an event with an applied event's id and other content: never ACKed, the stored record unchanged", same_id_other_content),
+        case!("same-version-other-id", Must, "R-STORE-6", "another event id for a version already applied: never ACKed, rolled back (no inbox row)", same_version_other_id),
+        case!("needs-review", Must, "R-CANON-1", "NEEDS_REVIEW stays NEEDS_REVIEW in the view", needs_review),
+        case!("exact-numbers", Must, "R-SCHEMA-4 R-CANON-2", "big integers and decimal text in a result kept byte for byte", exact_numbers),
+        case!("utc", Must, "R-SCHEMA-6", "times stored in UTC while the server's time zone is +09:00", utc),
+        case!("queue-mismatch", Must, "R-CLI-3", "a subscription on another queue than the configured one: consume refuses to start and takes nothing", queue_mismatch),
+        case!("kill-after-commit", Must, "R-FAULT-4", "SIGKILL after COMMIT and before the ACK landed: after the real 30 s lease the redelivery is a duplicate (attempts 2, applied_events 1)", kill_after_commit),
+        case!("commit-lost", Must, "R-STORE-7 R-STORE-8 R-FAULT-3", "the server's OK to COMMIT dropped by the proxy: no ACK at that attempt, then resolved as a duplicate", commit_lost),
+        case!("database-restart", Should, "R-STORE-9", "the receiver's database killed and started again while events queue: nothing lost, nothing doubled, nothing expired", database_restart),
+        case!("sigterm", Must, "R-CLI-3", "SIGTERM ends consume within 10 s and leaves the subscription enabled", sigterm),
+        case!("crash-loop", Must, "R-FAULT-4 R-STORE-4 R-STORE-6", "seeded SIGKILLs over duplicates and out-of-order versions, then a ledger check", crash_loop),
+        case!("no-secrets", Must, "R-SDK-3 R-STORE-11 R-CLI-4", "no token, password or lease proof in the output, errors included", no_secrets),
     ]
 }
 
@@ -117,8 +161,22 @@ impl std::fmt::Debug for Case {
 }
 
 impl Case {
-    /// Runs the case; a panic of the kit becomes an `Err` that says so.
+    /// Runs the case; a panic of the kit becomes an `Err` that says so, in one line. When the
+    /// case failed and the platform refused ACKs in it, that cause comes first (R-SDK-2: an
+    /// ACK must carry the proof of the delivery's current lease).
     pub async fn run(&self, ctx: Ctx) -> Verdict {
+        REFUSED_ACKS.store(0, std::sync::atomic::Ordering::SeqCst);
+        let verdict = self.run_caught(ctx).await;
+        let refused = REFUSED_ACKS.load(std::sync::atomic::Ordering::SeqCst);
+        match verdict {
+            Err(why) if refused > 0 => Err(format!(
+                "R-SDK-2: the platform refused {refused} ACK(s) in this case (an ACK with the proof of a superseded or expired lease, or for no delivery): look there first; then: {why}"
+            )),
+            v => v,
+        }
+    }
+
+    async fn run_caught(&self, ctx: Ctx) -> Verdict {
         match tokio::spawn((self.run)(ctx)).await {
             Ok(v) => v,
             Err(e) => {
@@ -131,7 +189,12 @@ impl Case {
                             .or_else(|| p.downcast_ref::<&str>().map(|s| (*s).to_owned()))
                     })
                     .unwrap_or_else(|| "cancelled".into());
-                Err(format!("the kit could not run the case: {why}"))
+                let at = LAST_PANIC.lock().ok().and_then(|mut l| l.take());
+                let why = why.lines().next().unwrap_or_default();
+                Err(match at {
+                    Some(at) => format!("the kit could not run the case: {why} (at {at})"),
+                    None => format!("the kit could not run the case: {why}"),
+                })
             }
         }
     }
@@ -147,6 +210,7 @@ macro_rules! ensure {
 }
 
 mod cases;
+pub mod report;
 mod world;
 
 use cases::*;

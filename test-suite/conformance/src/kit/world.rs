@@ -43,6 +43,35 @@ pub(crate) fn platform_args(seconds: u64) -> Vec<String> {
     ]
 }
 
+/// Before the platform stops: how many ACKs it refused in this world, added to the case's
+/// count ([`super::refused_acks`]), so that a failing case can name that cause first.
+impl Drop for World {
+    fn drop(&mut self) {
+        let refused = refused_acks(&self.orbit.addr).unwrap_or(0);
+        super::REFUSED_ACKS.fetch_add(refused, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// `orbit_acks_total{result="refused"}` from the platform at `addr`; `None` when it does not
+/// answer within 2 s (a case may have stopped it). Never panics: it runs while a world drops.
+fn refused_acks(addr: &str) -> Option<u64> {
+    use std::io::{Read, Write};
+    let to = Duration::from_secs(2);
+    let mut stream = std::net::TcpStream::connect_timeout(&addr.parse().ok()?, to).ok()?;
+    stream.set_read_timeout(Some(to)).ok()?;
+    write!(
+        stream,
+        "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut reply = String::new();
+    stream.read_to_string(&mut reply).ok()?;
+    reply
+        .lines()
+        .find_map(|l| l.strip_prefix("orbit_acks_total{result=\"refused\"} "))
+        .and_then(|n| n.trim().parse().ok())
+}
+
 impl World {
     pub(crate) async fn start(ctx: &Ctx, lease: u64) -> World {
         let db = crate::ReceiverDb::provisioned().await;

@@ -896,8 +896,9 @@ async fn check_consistency(
     let mut admin = MySqlConnection::connect(orbit.db.admin_receiver_url().expose())
         .await
         .unwrap();
-    let ledger =
-        conformance::check_ledger(&mut admin, client, sub, tasks, &format!("seed {seed}")).await;
+    let ledger = conformance::check_ledger(&mut admin, client, sub, tasks, &format!("seed {seed}"))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
     assert!(
         ledger.deliveries > ledger.events,
         "seed {seed}: the stream had no duplicate delivery"

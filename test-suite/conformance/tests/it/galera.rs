@@ -690,7 +690,9 @@ async fn two_consumers_on_two_nodes_through_a_node_kill_and_an_isolation_lose_an
         .execute("SET SESSION wsrep_sync_wait = 1")
         .await
         .unwrap();
-    let ledger = check_ledger(&mut admin, &client, &sub.id, &tasks, "galera end to end").await;
+    let ledger = check_ledger(&mut admin, &client, &sub.id, &tasks, "galera end to end")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(ledger.events, events, "every event delivered");
     // Every view at the latest version, read on the other nodes too.
     for node in 1..3 {

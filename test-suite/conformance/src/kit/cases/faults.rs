@@ -213,22 +213,11 @@ pub(crate) async fn database_restart(ctx: Ctx) -> Verdict {
     ))
 }
 
-/// The ledger of [`crate::check_ledger`], its panic turned into a message naming `rule`.
+/// The ledger of [`crate::check_ledger`], its failure naming `rule` and the first event ids
+/// found wrong.
 async fn ledger(w: &World, tasks: &[String], rule: &str) -> Result<crate::Ledger, String> {
     let mut admin = w.admin().await;
-    let client = w.client.clone();
-    let (sub, tasks) = (w.sub.clone(), tasks.to_vec());
-    let rule = rule.to_owned();
-    tokio::spawn(async move { crate::check_ledger(&mut admin, &client, &sub, &tasks, &rule).await })
-        .await
-        .map_err(|e| {
-            let why = e
-                .try_into_panic()
-                .ok()
-                .and_then(|p| p.downcast_ref::<String>().cloned())
-                .unwrap_or_default();
-            format!("ledger: {}", why.lines().next().unwrap_or("failed"))
-        })
+    crate::check_ledger(&mut admin, &w.client, &w.sub, tasks, rule).await
 }
 
 pub(crate) async fn crash_loop(ctx: Ctx) -> Verdict {
