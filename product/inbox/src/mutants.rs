@@ -52,11 +52,22 @@ pub enum Mutant {
     PauseOnSigterm,
     /// `consume` prints the platform token at start (R-SDK-3).
     PrintsToken,
+    /// An event the receiver refuses is ACKed all the same, as if handled (R-CANON-3).
+    AcksRejected,
+    /// `consume` never holds new deliveries while its database is unavailable: each one is
+    /// taken, fails, and spends an attempt (R-STORE-9).
+    NoOutageHold,
+    /// A `RECEIVER_NAME` outside its grammar is quietly replaced by the default name instead
+    /// of refused (R-CLI-5).
+    LenientConfig,
+    /// An ACK whose answer was lost is dropped, not sent again with the same proof after the
+    /// reconnect (R-SDK-2).
+    ForgetsLostAcks,
 }
 
 impl Mutant {
     /// Every mutant, in the order the kit reports them.
-    pub const ALL: [Mutant; 15] = [
+    pub const ALL: [Mutant; 19] = [
         Mutant::AckBeforeCommit,
         Mutant::InsertIgnore,
         Mutant::NoDigestCompare,
@@ -72,6 +83,10 @@ impl Mutant {
         Mutant::NoQueueCheck,
         Mutant::PauseOnSigterm,
         Mutant::PrintsToken,
+        Mutant::AcksRejected,
+        Mutant::NoOutageHold,
+        Mutant::LenientConfig,
+        Mutant::ForgetsLostAcks,
     ];
 
     /// The name `RECEIVER_MUTANT` takes.
@@ -92,6 +107,10 @@ impl Mutant {
             Mutant::NoQueueCheck => "no-queue-check",
             Mutant::PauseOnSigterm => "pause-on-sigterm",
             Mutant::PrintsToken => "prints-token",
+            Mutant::AcksRejected => "acks-rejected",
+            Mutant::NoOutageHold => "no-outage-hold",
+            Mutant::LenientConfig => "lenient-config",
+            Mutant::ForgetsLostAcks => "forgets-lost-acks",
         }
     }
 

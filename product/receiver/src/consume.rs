@@ -160,13 +160,15 @@ pub fn apply_event<'a>(
 pub struct Seams {
     pub apply: ApplyEvent,
     pub store_options: fn(StoreOptions) -> StoreOptions,
+    pub consumer: fn(EventConsumer) -> EventConsumer,
 }
 
 impl Seams {
-    /// The program's own: events as delivered, the store as configured.
+    /// The program's own: events as delivered, the store and the consumer as configured.
     pub const PROGRAM: Seams = Seams {
         apply: apply_event,
         store_options: |options| options,
+        consumer: |consumer| consumer,
     };
 }
 
@@ -231,10 +233,12 @@ pub async fn run_with(
     let outage = Outage::new(store.clone(), gate.clone(), metrics.clone());
     let consumer = {
         let store = store.clone();
-        let consumer = EventConsumer::new(client, subscription.id.clone())
-            .concurrency(config.concurrency)
-            .prefetch(config.concurrency)
-            .credit_gate(gate);
+        let consumer = (seams.consumer)(
+            EventConsumer::new(client, subscription.id.clone())
+                .concurrency(config.concurrency)
+                .prefetch(config.concurrency)
+                .credit_gate(gate),
+        );
         #[cfg(feature = "fault-barriers")]
         let consumer = consumer.after_ack_sent(crate::fault::ack_sent_hook());
         let metrics = metrics.clone();

@@ -103,7 +103,11 @@ fn demo() -> ExitCode {
 }
 
 fn consume() -> ExitCode {
-    let config = match ConsumeConfig::from_source(&ProcessEnv) {
+    #[cfg(not(feature = "mutants"))]
+    let source = ProcessEnv;
+    #[cfg(feature = "mutants")]
+    let source = receiver::mutant::MutantEnv;
+    let config = match ConsumeConfig::from_source(&source) {
         Ok(c) => c,
         Err(errors) => return config_failed("consume", errors),
     };

@@ -73,6 +73,8 @@ pub async fn init(
 /// - [`Mutant::NoQueueCheck`] consumes whatever queue the subscription has: the configured
 ///   queue is replaced by the subscription's before consume compares them.
 /// - [`Mutant::PauseOnSigterm`] pauses the subscription once consume has stopped.
+/// - [`Mutant::ForgetsLostAcks`] drops an ACK whose answer was lost instead of sending it
+///   again after reconnecting (the SDK's test-only `forget_unanswered_acks`).
 /// - The others apply each event their way ([`apply`]).
 pub async fn consume(
     config: &ConsumeConfig,
@@ -100,6 +102,13 @@ pub async fn consume(
     let seams = crate::consume::Seams {
         apply,
         store_options: hook_store,
+        consumer: |consumer| {
+            if is(Mutant::ForgetsLostAcks) {
+                consumer.forget_unanswered_acks()
+            } else {
+                consumer
+            }
+        },
     };
     crate::consume::run_with(&config, stop, seams).await?;
     if is(Mutant::PauseOnSigterm) {
@@ -120,6 +129,8 @@ pub async fn consume(
 /// - [`Mutant::FloatNumbers`] applies the event with its result's numbers through an `f64`;
 /// - [`Mutant::AsReceived`] records the bytes as received
 ///   (`result_inbox::mutants::as_received`);
+/// - [`Mutant::AcksRejected`] reports a refused event as applied;
+/// - [`Mutant::NoOutageHold`] never reports a suspect database, so consume never holds;
 /// - the others apply as the program does (their changes are in the store's statements).
 fn apply<'a>(
     store: &'a Store,
@@ -161,9 +172,39 @@ fn apply<'a>(
                 }
                 Err(rejected) => rejected,
             },
+            Some(Mutant::AcksRejected) => {
+                let h = apply_raw(store, raw, Some(deadline)).await.1;
+                match h.classification {
+                    Classification::Rejected(_) => Handled {
+                        classification: Classification::Applied,
+                        ..h
+                    },
+                    _ => h,
+                }
+            }
+            Some(Mutant::NoOutageHold) => Handled {
+                suspect_database: false,
+                ..apply_raw(store, raw, Some(deadline)).await.1
+            },
             _ => apply_raw(store, raw, Some(deadline)).await.1,
         }
     })
+}
+
+/// Where `consume` reads its configuration in this build: the process environment, but for
+/// [`Mutant::LenientConfig`] a `RECEIVER_NAME` outside its grammar reads as unset (so the
+/// default name is used instead of a refusal).
+#[derive(Debug)]
+pub struct MutantEnv;
+
+impl crate::config::Source for MutantEnv {
+    fn get(&self, name: &str) -> Option<String> {
+        let value = crate::config::ProcessEnv.get(name);
+        if is(Mutant::LenientConfig) && name == "RECEIVER_NAME" {
+            return value.filter(|v| result_inbox::ConsumerName::new(v.clone()).is_ok());
+        }
+        value
+    }
 }
 
 /// The event [`Mutant::FloatNumbers`] applies instead of `raw`: every number of its result

@@ -159,6 +159,8 @@ pub struct EventConsumer {
     gate: CreditGate,
     #[cfg(feature = "fault-hooks")]
     after_ack_sent: Option<AckSentHook>,
+    #[cfg(feature = "mutants")]
+    forget_unanswered_acks: bool,
 }
 
 /// Test builds only (feature `fault-hooks`): awaited right after an ACK is written to the
@@ -212,7 +214,18 @@ impl EventConsumer {
             gate: CreditGate::new(),
             #[cfg(feature = "fault-hooks")]
             after_ack_sent: None,
+            #[cfg(feature = "mutants")]
+            forget_unanswered_acks: false,
         }
+    }
+
+    /// Test builds only (feature `mutants`, the conformance kit's proof that it catches this):
+    /// breaks R-SDK-2 on purpose: an ACK left without an answer when the stream broke is
+    /// dropped instead of sent again after the reconnect.
+    #[cfg(feature = "mutants")]
+    pub fn forget_unanswered_acks(mut self) -> EventConsumer {
+        self.forget_unanswered_acks = true;
+        self
     }
 
     /// Test builds only: runs `hook` after every first send of an ACK.
@@ -495,6 +508,10 @@ where
         let held = *gate.borrow();
         if let Some(n) = credit.give(free, held, true) {
             outgoing.push(ClientMessage::Credit { credit: n });
+        }
+        #[cfg(feature = "mutants")]
+        if config.forget_unanswered_acks {
+            pending.clear();
         }
         for (id, (proof, sent)) in pending.iter_mut() {
             *sent = Instant::now();

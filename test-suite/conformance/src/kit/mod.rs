@@ -124,10 +124,13 @@ pub fn cases() -> Vec<Case> {
         case!("queue-mismatch", Must, "R-CLI-3", "a subscription on another queue than the configured one: consume refuses to start and takes nothing", queue_mismatch),
         case!("kill-after-commit", Must, "R-FAULT-4", "SIGKILL after COMMIT and before the ACK landed: after the real 30 s lease the redelivery is a duplicate (attempts 2, applied_events 1)", kill_after_commit),
         case!("commit-lost", Must, "R-STORE-7 R-STORE-8 R-FAULT-3", "the server's OK to COMMIT dropped by the proxy: no ACK at that attempt, then resolved as a duplicate", commit_lost),
-        case!("database-restart", Should, "R-STORE-9", "the receiver's database killed and started again while events queue: nothing lost, nothing doubled, nothing expired", database_restart),
+        case!("refused-event", Must, "R-CANON-3 R-STORE-1 R-CLI-4", "an event the canonical form refuses (a member named twice): never ACKed, EXPIRED once its budget of 2 is spent, no inbox row, its id in the output", refused_event),
+        case!("lost-ack-reply", Must, "R-SDK-2", "the answer to an ACK lost (the stream closed after it was recorded): the ACK sent again with the same proof is already_acked, one attempt", lost_ack_reply),
+        case!("database-restart", Should, "R-STORE-9", "the receiver's database killed for 12 s while events queue, a budget of 3: nothing lost, nothing doubled, no delivery past the 2 attempts a hold allows", database_restart),
         case!("sigterm", Must, "R-CLI-3", "SIGTERM ends consume within 10 s and leaves the subscription enabled", sigterm),
         case!("crash-loop", Must, "R-FAULT-4 R-STORE-4 R-STORE-6", "seeded SIGKILLs over duplicates and out-of-order versions, then a ledger check", crash_loop),
         case!("no-secrets", Must, "R-SDK-3 R-STORE-11 R-CLI-4", "no token, password or lease proof in the output, errors included", no_secrets),
+        case!("config-errors", Should, "R-CLI-5", "consume with a RECEIVER_NAME outside its grammar, too long, a DSN without a database, no subscription: a non-zero exit, a line naming the variable, nothing leased", config_errors),
     ]
 }
 
@@ -149,6 +152,10 @@ pub const MUTANTS: &[(&str, &str, &str)] = &[
     ("no-queue-check", "queue-mismatch", "R-CLI-3"),
     ("pause-on-sigterm", "sigterm", "R-CLI-3"),
     ("prints-token", "no-secrets", "R-SDK-3"),
+    ("acks-rejected", "refused-event", "R-CANON-3"),
+    ("no-outage-hold", "database-restart", "R-STORE-9"),
+    ("lenient-config", "config-errors", "R-CLI-5"),
+    ("forgets-lost-acks", "lost-ack-reply", "R-SDK-2"),
 ];
 
 impl std::fmt::Debug for Case {

@@ -31,15 +31,18 @@ pub(crate) struct World {
     pub(crate) own: Option<(Provisioned, Server)>,
 }
 
-/// Leases of `seconds`, the fault API on, and a budget of 20 attempts: no case is about an
-/// exhausted budget, and the crash loop's kills must not spend one.
-pub(crate) fn platform_args(seconds: u64) -> Vec<String> {
+/// The attempt budget of a case's platform unless the case names one: no such case is about
+/// an exhausted budget, and the crash loop's kills must not spend one.
+pub(crate) const BUDGET: u32 = 20;
+
+/// Leases of `seconds`, the fault API on, and a budget of `budget` attempts.
+pub(crate) fn platform_args(seconds: u64, budget: u32) -> Vec<String> {
     vec![
         "--enable-fault-api".into(),
         "--lease-seconds".into(),
         seconds.to_string(),
         "--max-attempts".into(),
-        "20".into(),
+        budget.to_string(),
     ]
 }
 
@@ -74,25 +77,31 @@ fn refused_acks(addr: &str) -> Option<u64> {
 
 impl World {
     pub(crate) async fn start(ctx: &Ctx, lease: u64) -> World {
+        Self::start_with(ctx, lease, BUDGET).await
+    }
+
+    /// A world whose platform gives each delivery `budget` attempts.
+    pub(crate) async fn start_with(ctx: &Ctx, lease: u64, budget: u32) -> World {
         let db = crate::ReceiverDb::provisioned().await;
-        Self::on(ctx, lease, db, None).await
+        Self::on(ctx, lease, budget, db, None).await
     }
 
     /// A world whose receiver database is on a local server of its own.
-    pub(crate) async fn with_own_server(ctx: &Ctx, lease: u64) -> World {
+    pub(crate) async fn with_own_server(ctx: &Ctx, lease: u64, budget: u32) -> World {
         let server = Server::local().expect("a local server of the case's own");
         let own = server.provision().await.expect("databases provisioned");
         let db = crate::ReceiverDb::provisioned().await;
-        Self::on(ctx, lease, db, Some((own, server))).await
+        Self::on(ctx, lease, budget, db, Some((own, server))).await
     }
 
     pub(crate) async fn on(
         ctx: &Ctx,
         lease: u64,
+        budget: u32,
         db: Provisioned,
         own: Option<(Provisioned, Server)>,
     ) -> World {
-        let args = platform_args(lease);
+        let args = platform_args(lease, budget);
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         // The platform's database lives beside the receiver's (testdb provisions both).
         let dsn = own.as_ref().map_or(&db, |(own, _)| own).runtime_url();

@@ -2,10 +2,12 @@
 
 mod faults;
 mod lifecycle;
+mod refusals;
 mod schema;
 mod store;
 
 pub(crate) use faults::*;
 pub(crate) use lifecycle::*;
+pub(crate) use refusals::*;
 pub(crate) use schema::*;
 pub(crate) use store::*;

@@ -294,7 +294,7 @@ pub(crate) async fn exact_numbers(ctx: Ctx) -> Verdict {
 
 pub(crate) async fn utc(ctx: Ctx) -> Verdict {
     // A server of the case's own: its time zone is changed for every connection.
-    let mut w = World::with_own_server(&ctx, SHORT_LEASE).await;
+    let mut w = World::with_own_server(&ctx, SHORT_LEASE, BUDGET).await;
     let mut c = w.admin().await;
     sqlx::query("SET GLOBAL time_zone = '+09:00'")
         .execute(&mut c)

@@ -1,0 +1,191 @@
+//! Cases on what a receiver must refuse or resend: an event it cannot accept, a configuration
+//! it cannot run with, and an ACK whose answer was lost.
+
+use std::time::Duration;
+
+use crate::kit::world::*;
+use crate::kit::*;
+use crate::{poll, QUEUE};
+
+/// The budget and lease of `refused-event`: the poison delivery is EXPIRED within seconds.
+const POISON_BUDGET: u32 = 2;
+
+pub(crate) async fn refused_event(ctx: Ctx) -> Verdict {
+    let mut w = World::start_with(&ctx, 2, POISON_BUDGET).await;
+    let p = w.running().await?;
+    // A result the canonical form refuses (a member named twice), past the platform's own
+    // check of results, as a platform that does not validate them would send it.
+    let task = w
+        .client
+        .submit_task(QUEUE, None)
+        .await
+        .expect("task submitted");
+    let body =
+        serde_json::value::RawValue::from_string(r#"{"n":1,"n":2}"#.into()).expect("raw JSON");
+    w.fault(serde_json::json!({"fault": "skip-next-result-check"}));
+    w.client
+        .report_task(&task.id, "SUCCEEDED", Some(&body))
+        .await
+        .expect("result reported");
+    let key = w.wait_event_of(&task.id, "task.succeeded").await;
+    let ids = w.deliveries_of(&key).await;
+    // A good event after it: the receiver is alive and taking deliveries.
+    let (_, good) = w.cancelled_task().await;
+    let good_ids = w.deliveries_of(&good).await;
+    w.acked(&good_ids, Duration::from_secs(30), "R-STORE-7")
+        .await?;
+    // Every attempt of the poison delivery refused: EXPIRED once its budget is spent.
+    let id = &ids[0];
+    let ended = poll(
+        Duration::from_secs(30),
+        Duration::from_millis(200),
+        || async {
+            let d = w.delivery(id).await;
+            (d.state != "LEASED" && d.state != "PENDING").then_some(d)
+        },
+    )
+    .await;
+    let Some(d) = ended else {
+        let d = w.delivery(id).await;
+        return Err(format!(
+            "R-CANON-3: the delivery of event {key} (a result with a member named twice) is still {} after {} attempt(s) of a budget of {POISON_BUDGET}, 30 s after it was made",
+            d.state, d.attempts
+        ));
+    };
+    ensure!(
+        d.state == "EXPIRED",
+        "R-CANON-3: event {key} carries a result with a member named twice, which the canonical form refuses; its delivery was {} at attempt {} instead of refused until its budget ran out",
+        d.state,
+        d.attempts
+    );
+    let rows = w.inbox(&key).await;
+    ensure!(
+        rows.is_empty(),
+        "R-STORE-1: event {key} was refused, yet the inbox holds {} row(s) of it",
+        rows.len()
+    );
+    // Where an operator looks: the receiver's own output names the event it refuses.
+    let out = p.output();
+    ensure!(
+        out.contains(&key),
+        "R-CLI-4: the receiver refused event {key} without naming it in its output (an operator must be able to find what never applies): {}",
+        last_lines(&w, &out)
+    );
+    Ok(format!(
+        "event {key} refused at each of its {} attempts, EXPIRED, no inbox row, named in the output",
+        d.attempts
+    ))
+}
+
+pub(crate) async fn lost_ack_reply(ctx: Ctx) -> Verdict {
+    let mut w = World::start(&ctx, 5).await;
+    let _p = w.running().await?;
+    // The next ACK is recorded and its answer never sent: the stream closes instead.
+    w.fault(serde_json::json!({"fault": "drop-next-ack-reply"}));
+    let (_, key) = w.cancelled_task().await;
+    let ids = w.deliveries_of(&key).await;
+    w.acked(&ids, Duration::from_secs(20), "R-SDK-2").await?;
+    // The receiver cannot know that its ACK landed: it must send it again, with the same
+    // proof, once it has reconnected; the platform then answers already_acked.
+    let again = poll(
+        Duration::from_secs(15),
+        Duration::from_millis(200),
+        || async {
+            (platform_counter(&w, "orbit_acks_total{result=\"already_acked\"}") > 0).then_some(())
+        },
+    )
+    .await;
+    let d = w.delivery(&ids[0]).await;
+    ensure!(
+        again.is_some(),
+        "R-SDK-2: the ACK of delivery {} (event {key}) was recorded but its answer lost; the receiver never sent it again with the same proof (no already_acked answer within 15 s; {} refused)",
+        d.id,
+        platform_counter(&w, "orbit_acks_total{result=\"refused\"}")
+    );
+    ensure!(
+        d.attempts == 1,
+        "R-SDK-2: delivery {} was leased {} times: its first ACK had landed",
+        d.id,
+        d.attempts
+    );
+    let rows = w.inbox(&key).await;
+    ensure!(
+        rows.len() == 1,
+        "R-STORE-4: event {key} has {} inbox rows",
+        rows.len()
+    );
+    Ok("the ACK sent again with the same proof after its answer was lost: already_acked, one attempt".into())
+}
+
+/// A value of orbit-dev's `/metrics` (0 when absent).
+fn platform_counter(w: &World, name: &str) -> u64 {
+    let (_, text) = crate::http_raw(&w.orbit.addr, "GET", "/metrics", None, None);
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// Each bad value, the variable it is in: consume must exit non-zero with a line naming the
+/// variable, and take nothing.
+pub(crate) async fn config_errors(ctx: Ctx) -> Verdict {
+    let mut w = World::start(&ctx, SHORT_LEASE).await;
+    w.init().await?;
+    let (_, key) = w.cancelled_task().await;
+    let id = w.deliveries_of(&key).await[0].clone();
+    let dsn = w.dsn.expose().to_owned();
+    let without_database = dsn
+        .rsplit_once('/')
+        .map(|(head, _)| head.to_owned())
+        .expect("a DSN with a database");
+    let bad = [
+        ("RECEIVER_NAME", "bad name!".to_owned()),
+        ("RECEIVER_NAME", "x".repeat(65)),
+        ("ORBIT_RECEIVER_DSN", without_database),
+        ("ORBIT_SUBSCRIPTION_ID", String::new()),
+    ];
+    let mut seen = Vec::new();
+    for (var, value) in bad {
+        let mut env = w.env(&w.dsn.clone());
+        env.retain(|(k, _)| *k != var);
+        if !value.is_empty() {
+            env.push((var, value.clone()));
+        }
+        let shown = if var == "ORBIT_RECEIVER_DSN" {
+            "a DSN without a database".to_owned()
+        } else if value.is_empty() {
+            "unset".to_owned()
+        } else {
+            format!("{value:?}")
+        };
+        let mut p = w.spawn("consume", &env);
+        let status = p.wait_within(Duration::from_secs(20)).await;
+        let out = p.output();
+        if status.is_none() {
+            p.signal(nix::sys::signal::Signal::SIGKILL).ok();
+        }
+        ensure!(
+            status.is_some_and(|s| !s.success()),
+            "R-CLI-5: consume with {var} {shown} must exit non-zero at once; it {}",
+            status.map_or("was still running after 20 s".into(), |s| format!(
+                "exited {s}"
+            ))
+        );
+        ensure!(
+            out.lines().any(|l| l.contains(var)),
+            "R-CLI-5: consume with {var} {shown} exited without a line naming {var}: {}",
+            last_lines(&w, &out)
+        );
+        seen.push(format!("{var} {shown}"));
+    }
+    let d = w.delivery(&id).await;
+    ensure!(
+        d.attempts == 0,
+        "R-CLI-5: a consume that refused its configuration leased delivery {} ({} attempt(s))",
+        d.id,
+        d.attempts
+    );
+    Ok(format!(
+        "refused, each naming its variable: {}",
+        seen.join("; ")
+    ))
+}
