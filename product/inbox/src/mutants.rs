@@ -63,11 +63,13 @@ pub enum Mutant {
     /// An ACK whose answer was lost is dropped, not sent again with the same proof after the
     /// reconnect (R-SDK-2).
     ForgetsLostAcks,
+    /// An event is taken as the configured queue's whatever queue it names (R-CANON-1).
+    NoEventQueueCheck,
 }
 
 impl Mutant {
     /// Every mutant, in the order the kit reports them.
-    pub const ALL: [Mutant; 19] = [
+    pub const ALL: [Mutant; 20] = [
         Mutant::AckBeforeCommit,
         Mutant::InsertIgnore,
         Mutant::NoDigestCompare,
@@ -87,6 +89,7 @@ impl Mutant {
         Mutant::NoOutageHold,
         Mutant::LenientConfig,
         Mutant::ForgetsLostAcks,
+        Mutant::NoEventQueueCheck,
     ];
 
     /// The name `RECEIVER_MUTANT` takes.
@@ -111,6 +114,7 @@ impl Mutant {
             Mutant::NoOutageHold => "no-outage-hold",
             Mutant::LenientConfig => "lenient-config",
             Mutant::ForgetsLostAcks => "forgets-lost-acks",
+            Mutant::NoEventQueueCheck => "no-event-queue-check",
         }
     }
 

@@ -130,6 +130,7 @@ pub async fn consume(
 /// - [`Mutant::AsReceived`] records the bytes as received
 ///   (`result_inbox::mutants::as_received`);
 /// - [`Mutant::AcksRejected`] reports a refused event as applied;
+/// - [`Mutant::NoEventQueueCheck`] applies the event as if it named the configured queue;
 /// - [`Mutant::NoOutageHold`] never reports a suspect database, so consume never holds;
 /// - the others apply as the program does (their changes are in the store's statements).
 fn apply<'a>(
@@ -172,6 +173,13 @@ fn apply<'a>(
                 }
                 Err(rejected) => rejected,
             },
+            Some(Mutant::NoEventQueueCheck) => {
+                let rewritten = std::str::from_utf8(raw)
+                    .ok()
+                    .and_then(|r| with_queue(r, store.queue().as_str()));
+                let raw = rewritten.as_deref().map_or(raw, str::as_bytes);
+                apply_raw(store, raw, Some(deadline)).await.1
+            }
             Some(Mutant::AcksRejected) => {
                 let h = apply_raw(store, raw, Some(deadline)).await.1;
                 match h.classification {
@@ -205,6 +213,19 @@ impl crate::config::Source for MutantEnv {
         }
         value
     }
+}
+
+/// The event [`Mutant::NoEventQueueCheck`] applies instead of `raw`: `raw` naming `queue`
+/// (`None` when `raw` is not a JSON object). Numbers are left as text (`RawValue`).
+fn with_queue(raw: &str, queue: &str) -> Option<String> {
+    let mut event: std::collections::BTreeMap<String, Box<serde_json::value::RawValue>> =
+        serde_json::from_str(raw).ok()?;
+    event.insert(
+        "queue_id".into(),
+        serde_json::value::RawValue::from_string(serde_json::Value::from(queue).to_string())
+            .ok()?,
+    );
+    serde_json::to_string(&event).ok()
 }
 
 /// The event [`Mutant::FloatNumbers`] applies instead of `raw`: every number of its result

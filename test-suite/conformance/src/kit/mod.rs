@@ -125,6 +125,7 @@ pub fn cases() -> Vec<Case> {
         case!("kill-after-commit", Must, "R-FAULT-4", "SIGKILL after COMMIT and before the ACK landed: after the real 30 s lease the redelivery is a duplicate (attempts 2, applied_events 1)", kill_after_commit),
         case!("commit-lost", Must, "R-STORE-7 R-STORE-8 R-FAULT-3", "the server's OK to COMMIT dropped by the proxy: no ACK at that attempt, then resolved as a duplicate", commit_lost),
         case!("refused-event", Must, "R-CANON-3 R-STORE-1 R-CLI-4", "an event the canonical form refuses (a member named twice): never ACKed, EXPIRED once its budget of 2 is spent, no inbox row, its id in the output", refused_event),
+        case!("foreign-events", Must, "R-CANON-1", "on this subscription, an event naming another queue and one of an unknown type: each refused until its budget of 2 is spent, no inbox row, the view unchanged", foreign_events),
         case!("lost-ack-reply", Must, "R-SDK-2", "the answer to an ACK lost (the stream closed after it was recorded): the ACK sent again with the same proof is already_acked, one attempt", lost_ack_reply),
         case!("database-restart", Should, "R-STORE-9", "the receiver's database killed for 12 s while events queue, a budget of 3: nothing lost, nothing doubled, no delivery past the 2 attempts a hold allows", database_restart),
         case!("sigterm", Must, "R-CLI-3", "SIGTERM ends consume within 10 s and leaves the subscription enabled", sigterm),
@@ -156,6 +157,7 @@ pub const MUTANTS: &[(&str, &str, &str)] = &[
     ("no-outage-hold", "database-restart", "R-STORE-9"),
     ("lenient-config", "config-errors", "R-CLI-5"),
     ("forgets-lost-acks", "lost-ack-reply", "R-SDK-2"),
+    ("no-event-queue-check", "foreign-events", "R-CANON-1"),
 ];
 
 impl std::fmt::Debug for Case {

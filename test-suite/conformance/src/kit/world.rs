@@ -431,6 +431,7 @@ pub(crate) type ViewRow = (u64, Vec<u8>, Vec<u8>, Option<Vec<u8>>, u64);
 /// A delivery's current and ACKed proof hashes.
 pub(crate) type ProofRow = (Option<Vec<u8>>, Option<Vec<u8>>);
 
+#[derive(PartialEq, Eq)]
 pub(crate) struct View {
     pub(crate) version: u64,
     pub(crate) last_event: String,

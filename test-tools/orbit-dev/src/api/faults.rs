@@ -23,6 +23,13 @@ pub(super) struct FaultRequest {
     keep_id: bool,
     /// For `forge-event`: the forged event's task version (otherwise the original's).
     task_version: Option<u64>,
+    /// For `forge-event`: the `queue_id` the forged body names (otherwise the original's); it
+    /// is still delivered where the original was.
+    queue_id: Option<String>,
+    /// For `forge-event`: the `type` the forged body names (otherwise the original's); it is
+    /// still delivered where the original was.
+    #[serde(rename = "type")]
+    event_type: Option<String>,
 }
 
 const FAULTS: &str = "drop-next-ack-reply, drop-next-ack, stall-next-ack, close-stream-after-delivery, skip-next-result-check, duplicate-event or forge-event";
@@ -43,7 +50,13 @@ pub(super) async fn arm_fault(
             let Some(event_id) = req.event_id.as_deref() else {
                 return Err(ApiError::invalid("forge-event needs \"event_id\""));
             };
-            let (id, deliveries) = forge_event(&p, event_id, req.keep_id, req.task_version).await?;
+            let forged = Forged {
+                keep_id: req.keep_id,
+                task_version: req.task_version,
+                queue_id: req.queue_id,
+                event_type: req.event_type,
+            };
+            let (id, deliveries) = forge_event(&p, event_id, forged).await?;
             return Ok(Json(
                 serde_json::json!({"forged": event_id, "event_id": id, "deliveries": deliveries}),
             ));
@@ -121,18 +134,33 @@ async fn emitted(
     })
 }
 
+/// How `forge-event` changes the original (see [`forge_event`]).
+struct Forged {
+    keep_id: bool,
+    task_version: Option<u64>,
+    queue_id: Option<String>,
+    event_type: Option<String>,
+}
+
 /// Fault: an event that contradicts an emitted one, delivered like a new event to every enabled
 /// subscription taking its type: the same task, another `occurred_at`, and the same id
 /// (`keep_id`: a publisher that reused an id for other content) or a new one, at the original's
 /// task version (two events claiming one version) or at `task_version` (an older event arriving
-/// late). It is stored under a platform key of its own; the body's `id` is what receivers see.
-/// The id the body carries, and the new deliveries' ids.
+/// late). Its body may name another queue or type than the original's (an event a platform
+/// misrouted, or of a type no receiver knows); it still goes where the original went. It is
+/// stored under a platform key of its own; the body's `id` is what receivers see. The id the
+/// body carries, and the new deliveries' ids.
 async fn forge_event(
     p: &Platform,
     event_id: &str,
-    keep_id: bool,
-    task_version: Option<u64>,
+    forged: Forged,
 ) -> ApiResult<(String, Vec<String>)> {
+    let Forged {
+        keep_id,
+        task_version,
+        queue_id,
+        event_type: body_type,
+    } = forged;
     let mut tx = p.pool.begin().await?;
     let Emitted {
         namespace,
@@ -155,6 +183,12 @@ async fn forge_event(
     body.insert("occurred_at".into(), raw(FORGED_AT.into()));
     if let Some(version) = task_version.filter(|v| *v >= 1) {
         body.insert("task_version".into(), raw(version.into()));
+    }
+    if let Some(queue) = queue_id {
+        body.insert("queue_id".into(), raw(queue.into()));
+    }
+    if let Some(t) = body_type {
+        body.insert("type".into(), raw(t.into()));
     }
     let body = serde_json::to_string(&body).expect("a map of JSON values serialises");
     sqlx::query(

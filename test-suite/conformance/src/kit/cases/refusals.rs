@@ -189,3 +189,80 @@ pub(crate) async fn config_errors(ctx: Ctx) -> Verdict {
         seen.join("; ")
     ))
 }
+
+pub(crate) async fn foreign_events(ctx: Ctx) -> Verdict {
+    let mut w = World::start_with(&ctx, 2, POISON_BUDGET).await;
+    let _p = w.running().await?;
+    let (task, key) = w.cancelled_task().await;
+    w.acked(
+        &w.deliveries_of(&key).await,
+        Duration::from_secs(30),
+        "R-STORE-7",
+    )
+    .await?;
+    let before = w.view(&task).await;
+    let next = before.as_ref().map_or(1, |v| v.version + 1);
+    // Delivered on this subscription, but naming another queue, or a type no receiver knows;
+    // otherwise good events, a version above the view's (only the queue or the type is wrong).
+    let forged = [
+        (
+            "another queue",
+            serde_json::json!({"queue_id": "kit-other-queue"}),
+        ),
+        (
+            "an unknown type",
+            serde_json::json!({"type": "task.exploded"}),
+        ),
+    ];
+    let mut made = Vec::new();
+    for (what, change) in forged {
+        let mut body =
+            serde_json::json!({"fault": "forge-event", "event_id": key, "task_version": next});
+        for (k, v) in change.as_object().expect("an object") {
+            body[k] = v.clone();
+        }
+        let reply = w.fault(body);
+        let id = reply["event_id"].as_str().expect("a forged id").to_owned();
+        let deliveries: Vec<orbit_sdk::DeliveryId> = reply["deliveries"]
+            .as_array()
+            .expect("deliveries")
+            .iter()
+            .filter_map(|d| d.as_str().map(orbit_sdk::DeliveryId::from))
+            .collect();
+        made.push((what, id, deliveries));
+    }
+    for (what, id, deliveries) in &made {
+        let d = &deliveries[0];
+        let ended = poll(
+            Duration::from_secs(30),
+            Duration::from_millis(200),
+            || async {
+                let d = w.delivery(d).await;
+                (d.state != "LEASED" && d.state != "PENDING").then_some(d)
+            },
+        )
+        .await;
+        let d = match ended {
+            Some(d) => d,
+            None => w.delivery(d).await,
+        };
+        ensure!(
+            d.state == "EXPIRED",
+            "R-CANON-1: event {id}, which names {what}, must be refused at every attempt; its delivery was {} at attempt {}",
+            d.state,
+            d.attempts
+        );
+        let rows = w.inbox(id).await;
+        ensure!(
+            rows.is_empty(),
+            "R-CANON-1: event {id}, which names {what}, was refused yet has {} inbox row(s)",
+            rows.len()
+        );
+    }
+    let after = w.view(&task).await;
+    ensure!(
+        after == before,
+        "R-CANON-1: refused events changed task {task}'s view: {before:?} became {after:?}"
+    );
+    Ok("an event naming another queue and one of an unknown type: each refused until EXPIRED, no inbox row, the view unchanged".into())
+}
