@@ -65,11 +65,15 @@ pub enum Mutant {
     ForgetsLostAcks,
     /// An event is taken as the configured queue's whatever queue it names (R-CANON-1).
     NoEventQueueCheck,
+    /// The view is also written from a read made before the transaction: an event newer than
+    /// what was read overwrites the view blindly, so of two newer versions applied at once the
+    /// lower may win (R-STORE-6). One at a time it behaves.
+    LostUpdate,
 }
 
 impl Mutant {
     /// Every mutant, in the order the kit reports them.
-    pub const ALL: [Mutant; 20] = [
+    pub const ALL: [Mutant; 21] = [
         Mutant::AckBeforeCommit,
         Mutant::InsertIgnore,
         Mutant::NoDigestCompare,
@@ -90,6 +94,7 @@ impl Mutant {
         Mutant::LenientConfig,
         Mutant::ForgetsLostAcks,
         Mutant::NoEventQueueCheck,
+        Mutant::LostUpdate,
     ];
 
     /// The name `RECEIVER_MUTANT` takes.
@@ -115,6 +120,7 @@ impl Mutant {
             Mutant::LenientConfig => "lenient-config",
             Mutant::ForgetsLostAcks => "forgets-lost-acks",
             Mutant::NoEventQueueCheck => "no-event-queue-check",
+            Mutant::LostUpdate => "lost-update",
         }
     }
 

@@ -131,6 +131,7 @@ pub async fn consume(
 ///   (`result_inbox::mutants::as_received`);
 /// - [`Mutant::AcksRejected`] reports a refused event as applied;
 /// - [`Mutant::NoEventQueueCheck`] applies the event as if it named the configured queue;
+/// - [`Mutant::LostUpdate`] also writes the view from a read made before the transaction;
 /// - [`Mutant::NoOutageHold`] never reports a suspect database, so consume never holds;
 /// - the others apply as the program does (their changes are in the store's statements).
 fn apply<'a>(
@@ -180,6 +181,21 @@ fn apply<'a>(
                 let raw = rewritten.as_deref().map_or(raw, str::as_bytes);
                 apply_raw(store, raw, Some(deadline)).await.1
             }
+            Some(Mutant::LostUpdate) => match parse(raw, store.queue()) {
+                Ok(event) => {
+                    // A plain read before the transaction, and time for another apply of the
+                    // same task to read the same.
+                    let seen = store.view(event.task()).await.ok().flatten();
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    let write = BlindView {
+                        seen: seen.map_or(0, |v| v.task_version),
+                        consumer: store.consumer().as_str().to_owned(),
+                    };
+                    let applied = store.apply_until(&event, &write, Some(deadline)).await;
+                    Handled::of(&event, &applied.result, applied.retries)
+                }
+                Err(rejected) => rejected,
+            },
             Some(Mutant::AcksRejected) => {
                 let h = apply_raw(store, raw, Some(deadline)).await.1;
                 match h.classification {
@@ -197,6 +213,42 @@ fn apply<'a>(
             _ => apply_raw(store, raw, Some(deadline)).await.1,
         }
     })
+}
+
+/// [`Mutant::LostUpdate`]'s write inside the apply: the view set to the event's values when
+/// the event is newer than the version read before the transaction began (`seen`), whatever
+/// the view holds now.
+struct BlindView {
+    seen: u64,
+    consumer: String,
+}
+
+impl result_inbox::BusinessWrite for BlindView {
+    fn write<'a>(
+        &'a self,
+        conn: &'a mut sqlx::MySqlConnection,
+        receipt: result_inbox::Receipt<'a>,
+    ) -> result_inbox::WriteFuture<'a> {
+        Box::pin(async move {
+            let e = receipt.event;
+            if e.version() <= self.seen {
+                return Ok(());
+            }
+            sqlx::query(
+                "UPDATE receiver_task_views SET task_version = ?, last_event_id = ?, last_state = ? \
+                 WHERE consumer_name = ? AND queue_id = ? AND task_id = ?",
+            )
+            .bind(e.version())
+            .bind(e.id().as_str())
+            .bind(e.state().as_str())
+            .bind(&self.consumer)
+            .bind(e.queue().as_str())
+            .bind(e.task().as_str())
+            .execute(conn)
+            .await?;
+            Ok(())
+        })
+    }
 }
 
 /// Where `consume` reads its configuration in this build: the process environment, but for

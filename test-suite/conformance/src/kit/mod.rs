@@ -116,6 +116,7 @@ pub fn cases() -> Vec<Case> {
         case!("ack-after-commit", Must, "R-STORE-7", "the answer to COMMIT held 1.5 s by the proxy: while the row is committed and the answer is on its way, the delivery is not ACKed", ack_after_commit),
         case!("duplicate", Must, "R-STORE-4", "the same event delivered again: ACKed, still one inbox row, the view advanced once", duplicate),
         case!("stale-version", Must, "R-STORE-6", "an older version arriving late: ACKed and kept as history, the view stays at the newer one", stale_version),
+        case!("concurrent-versions", Must, "R-STORE-6", "16 tasks whose views exist, each meeting three newer versions at once: every view at the highest", concurrent_versions),
         case!("same-id-other-content", Must, "R-STORE-2 R-STORE-4", "an event with an applied event's id and other content: never ACKed, the stored record unchanged", same_id_other_content),
         case!("same-version-other-id", Must, "R-STORE-6", "another event id for a version already applied: never ACKed, rolled back (no inbox row)", same_version_other_id),
         case!("needs-review", Must, "R-CANON-1", "NEEDS_REVIEW stays NEEDS_REVIEW in the view", needs_review),
@@ -158,6 +159,7 @@ pub const MUTANTS: &[(&str, &str, &str)] = &[
     ("lenient-config", "config-errors", "R-CLI-5"),
     ("forgets-lost-acks", "lost-ack-reply", "R-SDK-2"),
     ("no-event-queue-check", "foreign-events", "R-CANON-1"),
+    ("lost-update", "concurrent-versions", "R-STORE-6"),
 ];
 
 impl std::fmt::Debug for Case {

@@ -331,3 +331,71 @@ pub(crate) async fn utc(ctx: Ctx) -> Verdict {
     }
     Ok("received_at and updated_at in UTC with the server at +09:00".into())
 }
+
+/// Tasks of `concurrent-versions`.
+const CONCURRENT_TASKS: usize = 16;
+
+pub(crate) async fn concurrent_versions(ctx: Ctx) -> Verdict {
+    let mut w = World::start(&ctx, SHORT_LEASE).await;
+    let _p = w.running().await?;
+    // Every task's view exists first, at version 2 (task.started).
+    let mut tasks = Vec::new();
+    for _ in 0..CONCURRENT_TASKS {
+        let task = w
+            .client
+            .submit_task(QUEUE, None)
+            .await
+            .expect("task submitted");
+        w.client
+            .report_task(&task.id, "RUNNING", None)
+            .await
+            .expect("task started");
+        tasks.push(task.id);
+    }
+    let mut started = Vec::new();
+    for task in &tasks {
+        started.push(w.wait_event_of(task, "task.started").await);
+    }
+    let ids: Vec<DeliveryId> = w.deliveries().await.into_iter().map(|d| d.id).collect();
+    w.acked(&ids, Duration::from_secs(30), "R-STORE-7").await?;
+    // Then three newer versions of each, made back to back so that they are applied at once:
+    // versions 4 and 5 (task.started again under new ids, from orbit-dev's forge-event) and
+    // the task's own version 3 (task.succeeded).
+    for (task, key) in tasks.iter().zip(&started) {
+        for version in [4, 5] {
+            w.forge(key, false, Some(version));
+        }
+        w.client
+            .report_task(task, "SUCCEEDED", None)
+            .await
+            .expect("task succeeded");
+    }
+    let ids: Vec<DeliveryId> = w.deliveries().await.into_iter().map(|d| d.id).collect();
+    ensure!(
+        ids.len() == CONCURRENT_TASKS * 4,
+        "the kit made {} deliveries, not {}",
+        ids.len(),
+        CONCURRENT_TASKS * 4
+    );
+    w.acked(&ids, Duration::from_secs(60), "R-STORE-6").await?;
+    let mut lost = Vec::new();
+    for task in &tasks {
+        match w.view(task).await {
+            Some(v) if v.version == 5 && v.applied_events >= 2 => {}
+            Some(v) => lost.push(format!(
+                "task {task} at version {} (applied_events {})",
+                v.version, v.applied_events
+            )),
+            None => lost.push(format!("task {task} has no view")),
+        }
+    }
+    ensure!(
+        lost.is_empty(),
+        "R-STORE-6: versions 3, 4 and 5 of each task applied at once must leave its view at 5 (only a higher version advances it, atomically): {} of {CONCURRENT_TASKS} lost an update: {}",
+        lost.len(),
+        lost.join(", ")
+    );
+    Ok(format!(
+        "{CONCURRENT_TASKS} tasks, each view at v2 meeting v3, v4 and v5 at once: every view at v5"
+    ))
+}
