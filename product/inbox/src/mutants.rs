@@ -69,11 +69,14 @@ pub enum Mutant {
     /// what was read overwrites the view blindly, so of two newer versions applied at once the
     /// lower may win (R-STORE-6). One at a time it behaves.
     LostUpdate,
+    /// One delivery in three: success is reported at once and the apply runs behind the ACK
+    /// (R-STORE-7); the others wait for their COMMIT.
+    AckEarlySometimes,
 }
 
 impl Mutant {
     /// Every mutant, in the order the kit reports them.
-    pub const ALL: [Mutant; 21] = [
+    pub const ALL: [Mutant; 22] = [
         Mutant::AckBeforeCommit,
         Mutant::InsertIgnore,
         Mutant::NoDigestCompare,
@@ -95,6 +98,7 @@ impl Mutant {
         Mutant::ForgetsLostAcks,
         Mutant::NoEventQueueCheck,
         Mutant::LostUpdate,
+        Mutant::AckEarlySometimes,
     ];
 
     /// The name `RECEIVER_MUTANT` takes.
@@ -121,6 +125,7 @@ impl Mutant {
             Mutant::ForgetsLostAcks => "forgets-lost-acks",
             Mutant::NoEventQueueCheck => "no-event-queue-check",
             Mutant::LostUpdate => "lost-update",
+            Mutant::AckEarlySometimes => "ack-early-sometimes",
         }
     }
 

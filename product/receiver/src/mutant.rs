@@ -125,6 +125,7 @@ pub async fn consume(
 
 /// How this build applies one event:
 /// - [`Mutant::AckBeforeCommit`] reports success at once and applies behind the ACK;
+///   [`Mutant::AckEarlySometimes`] does so for one event in three;
 /// - [`Mutant::UnconfirmedIsSuccess`] reports a COMMIT without an answer as applied;
 /// - [`Mutant::FloatNumbers`] applies the event with its result's numbers through an `f64`;
 /// - [`Mutant::AsReceived`] records the bytes as received
@@ -140,8 +141,16 @@ fn apply<'a>(
     deadline: Instant,
 ) -> Pin<Box<dyn Future<Output = Handled> + Send + 'a>> {
     Box::pin(async move {
+        static APPLIED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let early = match active() {
+            Some(Mutant::AckBeforeCommit) => true,
+            Some(Mutant::AckEarlySometimes) => {
+                APPLIED.fetch_add(1, std::sync::atomic::Ordering::SeqCst) % 3 == 2
+            }
+            _ => false,
+        };
         match active() {
-            Some(Mutant::AckBeforeCommit) => {
+            _ if early => {
                 let (store, raw) = (store.clone(), raw.to_vec());
                 tokio::spawn(async move { apply_raw(&store, &raw, Some(deadline)).await });
                 Handled {

@@ -268,6 +268,21 @@ impl Provisioned {
         let Ok(mut conn) = connect(admin_url.expose()).await else {
             return;
         };
+        // Sessions of this test's own accounts that outlived it (a proxy's connection whose
+        // task was never polled again, say) would hold their tables' metadata locks, and DROP
+        // DATABASE would wait on them for the server's lock wait timeout (a year by default).
+        let sessions: Vec<i64> = sqlx::query_scalar(
+            "SELECT CAST(ID AS SIGNED) FROM information_schema.PROCESSLIST WHERE USER IN (?, ?, ?)",
+        )
+        .bind(&users[0])
+        .bind(&users[1])
+        .bind(&users[2])
+        .fetch_all(&mut conn)
+        .await
+        .unwrap_or_default();
+        for id in sessions {
+            let _ = conn.execute(format!("KILL CONNECTION {id}").as_str()).await;
+        }
         for db in dbs {
             let _ = conn
                 .execute(format!("DROP DATABASE IF EXISTS `{db}`").as_str())

@@ -14,7 +14,7 @@ const USAGE: &str = "usage: commit-proxy --upstream HOST:PORT [--listen 127.0.0.
   --listen ADDR         where clients connect (loopback only; default 127.0.0.1:0, a free port)
   --control ADDR        serve the HTTP JSON control interface here (loopback only)
   --rule SPEC           arm a rule at start, repeatable: ACTION[=ARG][@ON][:COUNT]
-                        ACTION: drop-commit-ok, drop-commit-request, reset, error=NUMBER, delay=250ms|2s
+                        ACTION: drop-commit-ok, drop-commit-request, reset, error=NUMBER, delay=250ms|2s, hold-request=250ms|2s
                         ON: commit (default), rollback, begin, any; COUNT: fire at most that often
                         (without it, a rule stays armed for every matching statement)
 

@@ -36,6 +36,8 @@ pub enum Action {
     },
     /// Forward the statement and hold its reply this long.
     Delay { delay_ms: u64 },
+    /// Hold the statement this long, then forward it (the server sees it later).
+    HoldRequest { delay_ms: u64 },
     /// Close both sides (the client with a TCP reset) instead of forwarding the statement.
     Reset,
 }
@@ -48,6 +50,7 @@ impl Action {
             Action::DropCommitRequest => "drop-commit-request",
             Action::Error { .. } => "error",
             Action::Delay { .. } => "delay",
+            Action::HoldRequest { .. } => "hold-request",
             Action::Reset => "reset",
         }
     }
@@ -204,7 +207,7 @@ impl RuleSpec {
                 )));
             }
         }
-        if let Action::Delay { delay_ms } = self.action {
+        if let Action::Delay { delay_ms } | Action::HoldRequest { delay_ms } = self.action {
             if delay_ms > 600_000 {
                 return Err(SpecError("delay_ms is at most 600000 (ten minutes)".into()));
             }
@@ -252,19 +255,26 @@ impl RuleSpec {
                 sqlstate: None,
                 message: None,
             },
-            ("delay", Some(d)) => {
+            ("delay" | "hold-request", Some(d)) => {
                 let ms = d
                     .strip_suffix("ms")
                     .and_then(|n| n.parse::<u64>().ok())
                     .or_else(|| d.strip_suffix('s').and_then(|n| n.parse::<u64>().ok()).map(|s| s * 1000))
-                    .ok_or_else(|| bad("delay=DURATION, e.g. delay=250ms or delay=2s"))?;
-                Action::Delay { delay_ms: ms }
+                    .ok_or_else(|| bad(&format!("{name}=DURATION, e.g. {name}=250ms or {name}=2s")))?;
+                if name == "delay" {
+                    Action::Delay { delay_ms: ms }
+                } else {
+                    Action::HoldRequest { delay_ms: ms }
+                }
             }
             ("error", None) => return Err(bad("error needs a number: error=1213")),
             ("delay", None) => return Err(bad("delay needs a duration: delay=250ms")),
+            ("hold-request", None) => {
+                return Err(bad("hold-request needs a duration: hold-request=250ms"))
+            }
             _ => {
                 return Err(bad(
-                    "unknown action; use drop-commit-ok, drop-commit-request, error=N, delay=D or reset",
+                    "unknown action; use drop-commit-ok, drop-commit-request, error=N, delay=D, hold-request=D or reset",
                 ))
             }
         };
@@ -568,7 +578,16 @@ mod tests {
             RuleSpec::parse_cli("delay=2s").unwrap().action,
             Action::Delay { delay_ms: 2000 }
         );
+        assert_eq!(
+            RuleSpec::parse_cli("hold-request=300ms").unwrap().action,
+            Action::HoldRequest { delay_ms: 300 }
+        );
+        let held: RuleSpec =
+            serde_json::from_str(r#"{"action":"hold-request","delay_ms":300}"#).unwrap();
+        assert_eq!(held.action, Action::HoldRequest { delay_ms: 300 });
         for bad in [
+            "hold-request",
+            "hold-request=700000s",
             "drop-commit-ok@any",
             "error",
             "error=x",

@@ -543,6 +543,13 @@ impl Session {
                 self.finish_results(first, 0).await?;
                 Ok(Next::Continue)
             }
+            Action::HoldRequest { delay_ms } => {
+                if self.shared.rules.take(*id) {
+                    self.shared.rules.record(fired(None, self.status));
+                    tokio::time::sleep(Duration::from_millis(*delay_ms)).await;
+                }
+                self.pass(request).await
+            }
             Action::DropCommitOk => {
                 self.send_server(request).await?;
                 let Some(reply) = self.results(0, Some(index)).await? else {

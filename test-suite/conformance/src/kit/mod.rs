@@ -114,6 +114,7 @@ pub fn cases() -> Vec<Case> {
         case!("names-by-bytes", Should, "R-SCHEMA-7 R-STORE-4", "two consumer names that differ only in case, on one database: each records the event and keeps a view of its own", names_by_bytes),
         case!("first-receipt", Must, "R-STORE-5 R-STORE-7 R-CANON-2", "one event: ACKed at its first attempt, one inbox row with the canonical form and its SHA-256, the view at its version", first_receipt),
         case!("ack-after-commit", Must, "R-STORE-7", "the answer to COMMIT held 1.5 s by the proxy: while the row is committed and the answer is on its way, the delivery is not ACKed", ack_after_commit),
+        case!("every-ack-after-commit", Must, "R-STORE-7", "every COMMIT held 300 ms by the proxy before the server sees it, 12 events: no delivery ACKed sooner after its row's INSERT", every_ack_after_commit),
         case!("duplicate", Must, "R-STORE-4", "the same event delivered again: ACKed, still one inbox row, the view advanced once", duplicate),
         case!("stale-version", Must, "R-STORE-6", "an older version arriving late: ACKed and kept as history, the view stays at the newer one", stale_version),
         case!("concurrent-versions", Must, "R-STORE-6", "16 tasks whose views exist, each meeting three newer versions at once: every view at the highest", concurrent_versions),
@@ -160,6 +161,7 @@ pub const MUTANTS: &[(&str, &str, &str)] = &[
     ("forgets-lost-acks", "lost-ack-reply", "R-SDK-2"),
     ("no-event-queue-check", "foreign-events", "R-CANON-1"),
     ("lost-update", "concurrent-versions", "R-STORE-6"),
+    ("ack-early-sometimes", "every-ack-after-commit", "R-STORE-7"),
 ];
 
 impl std::fmt::Debug for Case {

@@ -267,6 +267,49 @@ async fn delay_holds_a_reply_and_error_answers_any_statement() {
     conn.execute("SELECT 2").await.unwrap();
 }
 
+/// `hold-request` holds the COMMIT itself: while it is held the server has not committed
+/// (another connection does not see the row), unlike `delay`, which holds only the reply.
+#[tokio::test]
+async fn hold_request_holds_a_commit_before_the_server_sees_it() {
+    let rdb = ReceiverDb::new().await;
+    let proxy = rdb.proxy().await;
+    let url = admin_url_via(&rdb, &proxy);
+    let mut held = MySqlConnection::connect(&url).await.unwrap();
+    let mut direct = MySqlConnection::connect(rdb.db.admin_receiver_url().expose())
+        .await
+        .unwrap();
+    direct
+        .execute("CREATE TABLE held_commit (id INT PRIMARY KEY)")
+        .await
+        .unwrap();
+    let rule = proxy
+        .arm(RuleSpec::new(Action::HoldRequest { delay_ms: 600 }).once())
+        .unwrap();
+    held.execute("BEGIN").await.unwrap();
+    held.execute("INSERT INTO held_commit VALUES (1)")
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let commit = tokio::spawn(async move {
+        held.execute("COMMIT").await.unwrap();
+        held
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let seen: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM held_commit")
+        .fetch_one(&mut direct)
+        .await
+        .unwrap();
+    assert_eq!(seen, 0, "the COMMIT is still held: nothing committed");
+    let _held = commit.await.unwrap();
+    assert!(started.elapsed() >= Duration::from_millis(600));
+    let seen: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM held_commit")
+        .fetch_one(&mut direct)
+        .await
+        .unwrap();
+    assert_eq!(seen, 1, "committed once forwarded");
+    assert_eq!(rule.firings().len(), 1);
+}
+
 #[tokio::test]
 async fn the_binary_is_driven_through_its_control_interface() {
     let rdb = ReceiverDb::new().await;

@@ -302,3 +302,77 @@ pub(crate) async fn crash_loop(ctx: Ctx) -> Verdict {
         l.stale
     ))
 }
+
+/// How long `every-ack-after-commit` holds each COMMIT before the server sees it.
+const COMMIT_HELD_MS: u64 = 300;
+/// Events of `every-ack-after-commit`.
+const EVERY_ACK_EVENTS: usize = 12;
+
+/// Every COMMIT reaches the server `COMMIT_HELD_MS` after it was sent, so a row is committed
+/// at least that long after its INSERT (`received_at`); a delivery ACKed sooner after its
+/// event's `received_at` was ACKed before its COMMIT. Both times are the one server's clock.
+pub(crate) async fn every_ack_after_commit(ctx: Ctx) -> Verdict {
+    let mut w = World::start(&ctx, 5).await;
+    let proxy = w.behind_proxy().await;
+    proxy
+        .arm(RuleSpec::new(Action::HoldRequest {
+            delay_ms: COMMIT_HELD_MS,
+        }))
+        .expect("the rule arms");
+    let _p = w.running().await?;
+    for _ in 0..EVERY_ACK_EVENTS {
+        crate::cancelled_task(&w.client).await;
+    }
+    let ids: Vec<DeliveryId> = w.deliveries().await.into_iter().map(|d| d.id).collect();
+    w.acked(&ids, Duration::from_secs(60), "R-STORE-7").await?;
+    // Microseconds since 2000, on the server's clock: when each delivery was ACKED (the
+    // platform's database) and when its event's row was inserted (the receiver's).
+    let acked: Vec<(Vec<u8>, Vec<u8>, i64)> = sqlx::query_as(
+        "SELECT d.id, JSON_VALUE(e.body, '$.id'), \
+         TIMESTAMPDIFF(MICROSECOND, '2000-01-01', d.updated_at) \
+         FROM orbit_deliveries d JOIN orbit_events e ON e.id = d.event_id \
+         WHERE d.subscription_id = ? AND d.state = 'ACKED'",
+    )
+    .bind(w.sub.as_str())
+    .fetch_all(&mut w.platform().await)
+    .await
+    .expect("the platform's deliveries read");
+    let inserted: Vec<(Vec<u8>, i64)> = sqlx::query_as(
+        "SELECT event_id, TIMESTAMPDIFF(MICROSECOND, '2000-01-01', received_at) FROM receiver_inbox",
+    )
+    .fetch_all(&mut w.admin().await)
+    .await
+    .expect("the inbox read");
+    let inserted: std::collections::HashMap<Vec<u8>, i64> = inserted.into_iter().collect();
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    let mut early = Vec::new();
+    for (delivery, event, at) in &acked {
+        let Some(row) = inserted.get(event) else {
+            early.push(format!(
+                "delivery {} of event {}: ACKED without an inbox row",
+                text(delivery),
+                text(event)
+            ));
+            continue;
+        };
+        let after_ms = (at - row) as f64 / 1000.0;
+        if after_ms < COMMIT_HELD_MS as f64 {
+            early.push(format!(
+                "delivery {} of event {}: ACKED {after_ms:.0} ms after its row was inserted",
+                text(delivery),
+                text(event)
+            ));
+        }
+    }
+    ensure!(
+        early.is_empty(),
+        "R-STORE-7: every COMMIT reached the server {COMMIT_HELD_MS} ms after it was sent, so no delivery can be ACKed sooner after its row's INSERT unless it was ACKed before its COMMIT; {} of {} were: {}",
+        early.len(),
+        acked.len(),
+        early.join(", ")
+    );
+    Ok(format!(
+        "{} deliveries, every COMMIT held {COMMIT_HELD_MS} ms before the server saw it: each ACKed after its COMMIT",
+        acked.len()
+    ))
+}
