@@ -72,11 +72,14 @@ pub enum Mutant {
     /// One delivery in three: success is reported at once and the apply runs behind the ACK
     /// (R-STORE-7); the others wait for their COMMIT.
     AckEarlySometimes,
+    /// The inbox row is committed in one transaction and the view in another, so a cut
+    /// between them leaves a recorded event whose view never moved (R-STORE-7).
+    SplitCommit,
 }
 
 impl Mutant {
     /// Every mutant, in the order the kit reports them.
-    pub const ALL: [Mutant; 22] = [
+    pub const ALL: [Mutant; 23] = [
         Mutant::AckBeforeCommit,
         Mutant::InsertIgnore,
         Mutant::NoDigestCompare,
@@ -99,6 +102,7 @@ impl Mutant {
         Mutant::NoEventQueueCheck,
         Mutant::LostUpdate,
         Mutant::AckEarlySometimes,
+        Mutant::SplitCommit,
     ];
 
     /// The name `RECEIVER_MUTANT` takes.
@@ -126,6 +130,7 @@ impl Mutant {
             Mutant::NoEventQueueCheck => "no-event-queue-check",
             Mutant::LostUpdate => "lost-update",
             Mutant::AckEarlySometimes => "ack-early-sometimes",
+            Mutant::SplitCommit => "split-commit",
         }
     }
 

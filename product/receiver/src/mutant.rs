@@ -90,6 +90,15 @@ pub async fn consume(
         );
     }
     let mut config = config.clone();
+    if is(Mutant::SplitCommit) {
+        let options =
+            result_inbox::store::connect_options(&config.run.dsn).map_err(ConsumeError::Store)?;
+        let _ = SPLIT_POOL.set(
+            sqlx::mysql::MySqlPoolOptions::new()
+                .max_connections(config.concurrency as u32)
+                .connect_lazy_with(options),
+        );
+    }
     if is(Mutant::NoQueueCheck) {
         let subscription = client
             .get_subscription(&config.subscription)
@@ -133,6 +142,7 @@ pub async fn consume(
 /// - [`Mutant::AcksRejected`] reports a refused event as applied;
 /// - [`Mutant::NoEventQueueCheck`] applies the event as if it named the configured queue;
 /// - [`Mutant::LostUpdate`] also writes the view from a read made before the transaction;
+/// - [`Mutant::SplitCommit`] commits the inbox row and the view apart ([`split_commit`]);
 /// - [`Mutant::NoOutageHold`] never reports a suspect database, so consume never holds;
 /// - the others apply as the program does (their changes are in the store's statements).
 fn apply<'a>(
@@ -205,6 +215,10 @@ fn apply<'a>(
                 }
                 Err(rejected) => rejected,
             },
+            Some(Mutant::SplitCommit) => match parse(raw, store.queue()) {
+                Ok(event) => split_commit(store, &event, deadline).await,
+                Err(rejected) => rejected,
+            },
             Some(Mutant::AcksRejected) => {
                 let h = apply_raw(store, raw, Some(deadline)).await.1;
                 match h.classification {
@@ -222,6 +236,66 @@ fn apply<'a>(
             _ => apply_raw(store, raw, Some(deadline)).await.1,
         }
     })
+}
+
+/// [`Mutant::SplitCommit`]'s own connections to the receiver database (through the same DSN,
+/// so a proxy in front of it sees these statements too).
+static SPLIT_POOL: OnceLock<sqlx::MySqlPool> = OnceLock::new();
+
+/// [`Mutant::SplitCommit`]: the inbox row alone (its own transaction, autocommit), then the
+/// view in another. A row that exists already goes the program's way (a duplicate).
+async fn split_commit(
+    store: &Store,
+    event: &result_inbox::TaskEvent,
+    deadline: Instant,
+) -> Handled {
+    let Some(pool) = SPLIT_POOL.get() else {
+        return delivery::apply(store, event, Some(deadline)).await.1;
+    };
+    let (consumer, queue) = (store.consumer().as_str(), store.queue().as_str());
+    let inserted = sqlx::query(result_inbox::store::INSERT_INBOX)
+        .bind(consumer)
+        .bind(queue)
+        .bind(event.id().as_str())
+        .bind(&event.digest().0[..])
+        .bind(event.canonical())
+        .execute(pool)
+        .await;
+    if inserted.is_err() {
+        return delivery::apply(store, event, Some(deadline)).await.1;
+    }
+    let view = sqlx::query(result_inbox::store::UPSERT_VIEW)
+        .bind(consumer)
+        .bind(queue)
+        .bind(event.task().as_str())
+        .bind(event.version())
+        .bind(event.id().as_str())
+        .bind(event.state().as_str())
+        .bind(event.result())
+        .execute(pool)
+        .await;
+    // The upsert reports what it found through the last insert id (the store's codes): an
+    // older version is marked stale, in yet another statement.
+    let classification = match &view {
+        Ok(r) if r.last_insert_id() == result_inbox::store::VIEW_NEWER => {
+            let _ = sqlx::query(result_inbox::store::MARK_STALE)
+                .bind(consumer)
+                .bind(queue)
+                .bind(event.id().as_str())
+                .execute(pool)
+                .await;
+            Classification::Stale
+        }
+        Ok(_) => Classification::Applied,
+        Err(_) => Classification::StorageError,
+    };
+    Handled {
+        classification,
+        event_id: Some(event.id().as_str().to_owned()),
+        retries: 0,
+        detail: view.err().map(|e| e.to_string()),
+        suspect_database: false,
+    }
 }
 
 /// [`Mutant::LostUpdate`]'s write inside the apply: the view set to the event's values when

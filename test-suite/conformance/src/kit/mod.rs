@@ -115,6 +115,7 @@ pub fn cases() -> Vec<Case> {
         case!("first-receipt", Must, "R-STORE-5 R-STORE-7 R-CANON-2", "one event: ACKed at its first attempt, one inbox row with the canonical form and its SHA-256, the view at its version", first_receipt),
         case!("ack-after-commit", Must, "R-STORE-7", "the answer to COMMIT held 1.5 s by the proxy: while the row is committed and the answer is on its way, the delivery is not ACKed", ack_after_commit),
         case!("every-ack-after-commit", Must, "R-STORE-7", "every COMMIT held 300 ms by the proxy before the server sees it, 12 events: no delivery ACKed sooner after its row's INSERT", every_ack_after_commit),
+        case!("cut-between-statements", Must, "R-STORE-7", "the receiver's connection cut at its first statement on the view, then at its first COMMIT: after each redelivery the inbox row and the view agree", cut_between_statements),
         case!("duplicate", Must, "R-STORE-4", "the same event delivered again: ACKed, still one inbox row, the view advanced once", duplicate),
         case!("stale-version", Must, "R-STORE-6", "an older version arriving late: ACKed and kept as history, the view stays at the newer one", stale_version),
         case!("concurrent-versions", Must, "R-STORE-6", "16 tasks whose views exist, each meeting three newer versions at once: every view at the highest", concurrent_versions),
@@ -162,6 +163,7 @@ pub const MUTANTS: &[(&str, &str, &str)] = &[
     ("no-event-queue-check", "foreign-events", "R-CANON-1"),
     ("lost-update", "concurrent-versions", "R-STORE-6"),
     ("ack-early-sometimes", "every-ack-after-commit", "R-STORE-7"),
+    ("split-commit", "cut-between-statements", "R-STORE-7"),
 ];
 
 impl std::fmt::Debug for Case {

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use commit_proxy::{Action, RuleSpec};
+use commit_proxy::{Action, On, RuleSpec};
 use orbit_sdk::DeliveryId;
 
 use crate::kit::world::*;
@@ -374,5 +374,75 @@ pub(crate) async fn every_ack_after_commit(ctx: Ctx) -> Verdict {
     Ok(format!(
         "{} deliveries, every COMMIT held {COMMIT_HELD_MS} ms before the server saw it: each ACKed after its COMMIT",
         acked.len()
+    ))
+}
+
+/// Where `cut-between-statements` cuts the receiver's connection, one event each: at the
+/// first statement that names the view table (a TCP reset instead of forwarding it), and at
+/// the first COMMIT (never forwarded: the server rolls back).
+const CUTS: [(&str, fn() -> RuleSpec); 2] = [
+    ("at its first statement on receiver_task_views", || {
+        let mut rule = RuleSpec::new(Action::Reset).on(On::Any).once();
+        rule.contains = Some("receiver_task_views".into());
+        rule
+    }),
+    ("at its first COMMIT", || {
+        RuleSpec::new(Action::DropCommitRequest).once()
+    }),
+];
+
+/// At each cut the receiver loses its connection between statements; after the redelivery
+/// the inbox row and the view must agree: the row applied and the view at its version,
+/// advanced once. A receiver that commits the row and the view apart keeps a row whose view
+/// never moved.
+pub(crate) async fn cut_between_statements(ctx: Ctx) -> Verdict {
+    let mut w = World::start(&ctx, SHORT_LEASE).await;
+    let proxy = w.behind_proxy().await;
+    let _p = w.running().await?;
+    // One event first, so that whatever the receiver reads at start is behind it and each cut
+    // meets the apply of its own event.
+    let (_, first) = w.cancelled_task().await;
+    w.acked(
+        &w.deliveries_of(&first).await,
+        Duration::from_secs(30),
+        "R-STORE-7",
+    )
+    .await?;
+    let mut seen = Vec::new();
+    for (where_, rule) in CUTS {
+        let armed = proxy.arm(rule()).expect("the rule arms");
+        let (task, key) = w.cancelled_task().await;
+        // A receiver that commits implicitly (autocommit) never sends COMMIT: nothing to cut
+        // there, and the agreement below is still checked.
+        let cut = armed.fired_within(Duration::from_secs(10)).await.is_some();
+        proxy.disarm(armed.id());
+        w.acked(
+            &w.deliveries_of(&key).await,
+            Duration::from_secs(30),
+            "R-STORE-7 (after a cut, the redelivery applies)",
+        )
+        .await?;
+        let rows = w.inbox(&key).await;
+        let view = w.view(&task).await;
+        let applied = rows.iter().filter(|(_, applied, _)| *applied).count();
+        ensure!(
+            rows.len() == 1
+                && applied == 1
+                && view
+                    .as_ref()
+                    .is_some_and(|v| v.version == 2 && v.applied_events == 1 && v.last_event == key),
+            "R-STORE-7: cut {where_}, then redelivered: event {key} has {} inbox row(s) ({applied} applied) and the view {:?}; the row and the view effect commit together or not at all",
+            rows.len(),
+            view
+        );
+        seen.push(if cut {
+            where_.to_owned()
+        } else {
+            format!("{where_} (never sent)")
+        });
+    }
+    Ok(format!(
+        "cut {}: each time the row and the view agreed after the redelivery",
+        seen.join(", then ")
     ))
 }

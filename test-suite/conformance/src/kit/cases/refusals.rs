@@ -158,7 +158,7 @@ pub(crate) async fn config_errors(ctx: Ctx) -> Verdict {
             format!("{value:?}")
         };
         let mut p = w.spawn("consume", &env);
-        let status = p.wait_within(Duration::from_secs(20)).await;
+        let status = p.wait_within(Duration::from_secs(10)).await;
         let out = p.output();
         if status.is_none() {
             p.signal(nix::sys::signal::Signal::SIGKILL).ok();
@@ -166,7 +166,7 @@ pub(crate) async fn config_errors(ctx: Ctx) -> Verdict {
         ensure!(
             status.is_some_and(|s| !s.success()),
             "R-CLI-5: consume with {var} {shown} must exit non-zero at once; it {}",
-            status.map_or("was still running after 20 s".into(), |s| format!(
+            status.map_or("was still running after 10 s".into(), |s| format!(
                 "exited {s}"
             ))
         );
