@@ -377,10 +377,13 @@ pub(crate) async fn every_ack_after_commit(ctx: Ctx) -> Verdict {
     ))
 }
 
+/// A place to cut, and the proxy rule that cuts there.
+type Cut = (&'static str, fn() -> RuleSpec);
+
 /// Where `cut-between-statements` cuts the receiver's connection, one event each: at the
 /// first statement that names the view table (a TCP reset instead of forwarding it), and at
 /// the first COMMIT (never forwarded: the server rolls back).
-const CUTS: [(&str, fn() -> RuleSpec); 2] = [
+const CUTS: [Cut; 2] = [
     ("at its first statement on receiver_task_views", || {
         let mut rule = RuleSpec::new(Action::Reset).on(On::Any).once();
         rule.contains = Some("receiver_task_views".into());
