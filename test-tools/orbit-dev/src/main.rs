@@ -37,7 +37,9 @@ serve: prints `listening=HOST:PORT` on stdout once it accepts connections. Lease
 bootstrap: creates the namespace and queue if missing and a new credential bound to the queue
   with tasks:submit and tasks:cancel (plus events:read, events:consume, events:manage with
   --event-access); writes it to PATH with mode 0600 and prints where, never the token. PATH's
-  directory must exist; an existing PATH is refused unless --force.";
+  directory must exist; an existing PATH is refused unless --force. The file is one JSON
+  object: {\"token\",\"application\",\"namespace\",\"environment\",\"queue_id\",\"scopes\"}
+  (docs/orbit-protocol.md, \"The credentials file\").";
 
 fn main() -> ExitCode {
     // Arguments and the DSN must be UTF-8; say which one is not, never panic.
