@@ -177,8 +177,8 @@ impl std::fmt::Debug for Case {
 
 impl Case {
     /// Runs the case; a panic of the kit becomes an `Err` that says so, in one line. When the
-    /// case failed and the platform refused ACKs in it, that cause comes first (R-SDK-2: an
-    /// ACK must carry the proof of the delivery's current lease).
+    /// platform refused ACKs in the case, a failure names that cause first (R-SDK-2: an ACK
+    /// must carry the proof of the delivery's current lease) and a pass notes it.
     pub async fn run(&self, ctx: Ctx) -> Verdict {
         REFUSED_ACKS.store(0, std::sync::atomic::Ordering::SeqCst);
         let verdict = self.run_caught(ctx).await;
@@ -186,6 +186,9 @@ impl Case {
         match verdict {
             Err(why) if refused > 0 => Err(format!(
                 "R-SDK-2: the platform refused {refused} ACK(s) in this case (an ACK with the proof of a superseded or expired lease, or for no delivery): look there first; then: {why}"
+            )),
+            Ok(saw) if refused > 0 => Ok(format!(
+                "{saw}; note R-SDK-2: the platform refused {refused} ACK(s) in this case"
             )),
             v => v,
         }
