@@ -201,6 +201,28 @@ impl OrbitDev {
         file
     }
 
+    /// A value without labels, or with the labels written in `name` (`orbit_acks_total{result="refused"}`),
+    /// from the platform's `/metrics`; `None` when it is absent or the platform does not
+    /// answer within 2 s (it may have been stopped). Never panics: a world reads it while it
+    /// drops.
+    pub fn metric(&self, name: &str) -> Option<u64> {
+        use std::io::{Read, Write};
+        let to = std::time::Duration::from_secs(2);
+        let mut stream = std::net::TcpStream::connect_timeout(&self.addr.parse().ok()?, to).ok()?;
+        stream.set_read_timeout(Some(to)).ok()?;
+        write!(
+            stream,
+            "GET /metrics HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
+            self.addr
+        )
+        .ok()?;
+        let mut reply = String::new();
+        stream.read_to_string(&mut reply).ok()?;
+        reply
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+    }
+
     /// Arms a fault of `--enable-fault-api` (`{"fault": …}`); the reply.
     pub fn fault(&self, body: serde_json::Value) -> serde_json::Value {
         let (status, reply) = http_json(&self.addr, "POST", "/v1/_faults", Some(&body));

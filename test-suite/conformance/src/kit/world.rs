@@ -47,32 +47,15 @@ pub(crate) fn platform_args(seconds: u64, budget: u32) -> Vec<String> {
 }
 
 /// Before the platform stops: how many ACKs it refused in this world, added to the case's
-/// count ([`super::refused_acks`]), so that a failing case can name that cause first.
+/// count ([`super::REFUSED_ACKS`]), so that a case can name that cause.
 impl Drop for World {
     fn drop(&mut self) {
-        let refused = refused_acks(&self.orbit.addr).unwrap_or(0);
+        let refused = self
+            .orbit
+            .metric("orbit_acks_total{result=\"refused\"}")
+            .unwrap_or(0);
         super::REFUSED_ACKS.fetch_add(refused, std::sync::atomic::Ordering::SeqCst);
     }
-}
-
-/// `orbit_acks_total{result="refused"}` from the platform at `addr`; `None` when it does not
-/// answer within 2 s (a case may have stopped it). Never panics: it runs while a world drops.
-fn refused_acks(addr: &str) -> Option<u64> {
-    use std::io::{Read, Write};
-    let to = Duration::from_secs(2);
-    let mut stream = std::net::TcpStream::connect_timeout(&addr.parse().ok()?, to).ok()?;
-    stream.set_read_timeout(Some(to)).ok()?;
-    write!(
-        stream,
-        "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut reply = String::new();
-    stream.read_to_string(&mut reply).ok()?;
-    reply
-        .lines()
-        .find_map(|l| l.strip_prefix("orbit_acks_total{result=\"refused\"} "))
-        .and_then(|n| n.trim().parse().ok())
 }
 
 impl World {
@@ -384,10 +367,23 @@ impl World {
         keep_id: bool,
         version: Option<u64>,
     ) -> (String, Vec<DeliveryId>) {
-        let mut body =
-            serde_json::json!({"fault": "forge-event", "event_id": key, "keep_id": keep_id});
+        let mut changes = serde_json::json!({"keep_id": keep_id});
         if let Some(v) = version {
-            body["task_version"] = v.into();
+            changes["task_version"] = v.into();
+        }
+        self.forge_with(key, changes)
+    }
+
+    /// [`World::forge`] with any of `forge-event`'s members (`keep_id`, `task_version`,
+    /// `queue_id`, `type`) in `changes`.
+    pub(crate) fn forge_with(
+        &self,
+        key: &str,
+        changes: serde_json::Value,
+    ) -> (String, Vec<DeliveryId>) {
+        let mut body = serde_json::json!({"fault": "forge-event", "event_id": key});
+        for (k, v) in changes.as_object().into_iter().flatten() {
+            body[k] = v.clone();
         }
         let reply = self.fault(body);
         let id = reply["event_id"].as_str().expect("a forged id").to_owned();
@@ -398,6 +394,37 @@ impl World {
             .filter_map(|d| d.as_str().map(DeliveryId::from))
             .collect();
         (id, deliveries)
+    }
+
+    /// Submits and cancels a task and waits until its event's deliveries are ACKED (`rule`
+    /// names the failure): the receiver is up and applying. Task and event id.
+    pub(crate) async fn cancelled_and_acked(&self, rule: &str) -> Result<(String, String), String> {
+        let (task, key) = self.cancelled_task().await;
+        self.acked(
+            &self.deliveries_of(&key).await,
+            Duration::from_secs(30),
+            rule,
+        )
+        .await?;
+        Ok((task, key))
+    }
+
+    /// Delivery `id` once it is neither PENDING nor LEASED (ACKED, EXPIRED or DISCARDED), or
+    /// as it is after `within`.
+    pub(crate) async fn settled(
+        &self,
+        id: &DeliveryId,
+        within: Duration,
+    ) -> orbit_sdk::wire::DeliveryInfo {
+        let ended = poll(within, Duration::from_millis(200), || async {
+            let d = self.delivery(id).await;
+            (d.state != "LEASED" && d.state != "PENDING").then_some(d)
+        })
+        .await;
+        match ended {
+            Some(d) => d,
+            None => self.delivery(id).await,
+        }
     }
 
     /// A receiver that applies and ACKs `task`'s cancelled event: the world, its consume,

@@ -211,12 +211,11 @@ async fn a_released_lease_goes_back_pending_without_spending_an_attempt() {
     assert_eq!(next_raw(&mut ws).await["result"], "acked");
 }
 
-/// The value of a counter (no labels) in orbit-dev's `/metrics`.
-fn platform_counter(orbit: &OrbitDev, name: &str) -> u64 {
-    let (_, text) = http_raw(&orbit.addr, "GET", "/metrics", None, None);
-    text.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
-        .unwrap_or_else(|| panic!("{name} in orbit-dev's /metrics: {text}"))
+/// `orbit_ack_turns_total` from orbit-dev's `/metrics`.
+fn ack_turns(orbit: &OrbitDev) -> u64 {
+    orbit
+        .metric("orbit_ack_turns_total")
+        .expect("orbit_ack_turns_total in orbit-dev's /metrics")
 }
 
 /// Two streams of one subscription, the window smaller than their credit, and ACKs sent with
@@ -267,7 +266,7 @@ async fn acks_read_together_are_answered_as_alone_and_two_streams_share_the_wind
         (theirs.0.clone(), theirs.1.clone(), "acked"),
         (own2.0.clone(), own1.1.clone(), "refused"),
     ];
-    let turns_before = platform_counter(&orbit, "orbit_ack_turns_total");
+    let turns_before = ack_turns(&orbit);
     let frames = std::iter::once(json!({"type": "credit", "credit": 5})).chain(
         burst
             .iter()
@@ -291,7 +290,7 @@ async fn acks_read_together_are_answered_as_alone_and_two_streams_share_the_wind
         assert_eq!(answer["delivery_id"], json!(id), "answer {i} in order");
         assert_eq!(answer["result"], json!(expected), "answer {i}: {answer}");
     }
-    let turns = platform_counter(&orbit, "orbit_ack_turns_total") - turns_before;
+    let turns = ack_turns(&orbit) - turns_before;
     assert!(
         turns < burst.len() as u64,
         "{} ACKs sent in one write were recorded in {turns} transactions",

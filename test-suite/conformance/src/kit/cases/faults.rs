@@ -173,13 +173,7 @@ const OUTAGE_ATTEMPTS: u32 = 2;
 pub(crate) async fn database_restart(ctx: Ctx) -> Verdict {
     let mut w = World::with_own_server(&ctx, SHORT_LEASE, OUTAGE_BUDGET).await;
     let _p = w.running().await?;
-    let (first, key) = w.cancelled_task().await;
-    w.acked(
-        &w.deliveries_of(&key).await,
-        Duration::from_secs(30),
-        "R-STORE-7",
-    )
-    .await?;
+    let (first, _) = w.cancelled_and_acked("R-STORE-7").await?;
     ensure!(
         w.own_server().kill(),
         "the kit could not kill the receiver's server"
@@ -404,13 +398,7 @@ pub(crate) async fn cut_between_statements(ctx: Ctx) -> Verdict {
     let _p = w.running().await?;
     // One event first, so that whatever the receiver reads at start is behind it and each cut
     // meets the apply of its own event.
-    let (_, first) = w.cancelled_task().await;
-    w.acked(
-        &w.deliveries_of(&first).await,
-        Duration::from_secs(30),
-        "R-STORE-7",
-    )
-    .await?;
+    w.cancelled_and_acked("R-STORE-7").await?;
     let mut seen = Vec::new();
     for (where_, rule) in CUTS {
         let armed = proxy.arm(rule()).expect("the rule arms");

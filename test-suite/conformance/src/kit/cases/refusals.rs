@@ -30,28 +30,15 @@ pub(crate) async fn refused_event(ctx: Ctx) -> Verdict {
     let key = w.wait_event_of(&task.id, "task.succeeded").await;
     let ids = w.deliveries_of(&key).await;
     // A good event after it: the receiver is alive and taking deliveries.
-    let (_, good) = w.cancelled_task().await;
-    let good_ids = w.deliveries_of(&good).await;
-    w.acked(&good_ids, Duration::from_secs(30), "R-STORE-7")
-        .await?;
+    w.cancelled_and_acked("R-STORE-7").await?;
     // Every attempt of the poison delivery refused: EXPIRED once its budget is spent.
-    let id = &ids[0];
-    let ended = poll(
-        Duration::from_secs(30),
-        Duration::from_millis(200),
-        || async {
-            let d = w.delivery(id).await;
-            (d.state != "LEASED" && d.state != "PENDING").then_some(d)
-        },
-    )
-    .await;
-    let Some(d) = ended else {
-        let d = w.delivery(id).await;
-        return Err(format!(
-            "R-CANON-3: the delivery of event {key} (a result with a member named twice) is still {} after {} attempt(s) of a budget of {POISON_BUDGET}, 30 s after it was made",
-            d.state, d.attempts
-        ));
-    };
+    let d = w.settled(&ids[0], Duration::from_secs(30)).await;
+    ensure!(
+        d.state != "LEASED" && d.state != "PENDING",
+        "R-CANON-3: the delivery of event {key} (a result with a member named twice) is still {} after {} attempt(s) of a budget of {POISON_BUDGET}, 30 s after it was made",
+        d.state,
+        d.attempts
+    );
     ensure!(
         d.state == "EXPIRED",
         "R-CANON-3: event {key} carries a result with a member named twice, which the canonical form refuses; its delivery was {} at attempt {} instead of refused until its budget ran out",
@@ -91,7 +78,11 @@ pub(crate) async fn lost_ack_reply(ctx: Ctx) -> Verdict {
         Duration::from_secs(15),
         Duration::from_millis(200),
         || async {
-            (platform_counter(&w, "orbit_acks_total{result=\"already_acked\"}") > 0).then_some(())
+            (w.orbit
+                .metric("orbit_acks_total{result=\"already_acked\"}")
+                .unwrap_or(0)
+                > 0)
+            .then_some(())
         },
     )
     .await;
@@ -100,7 +91,7 @@ pub(crate) async fn lost_ack_reply(ctx: Ctx) -> Verdict {
         again.is_some(),
         "R-SDK-2: the ACK of delivery {} (event {key}) was recorded but its answer lost; the receiver never sent it again with the same proof (no already_acked answer within 15 s; {} refused)",
         d.id,
-        platform_counter(&w, "orbit_acks_total{result=\"refused\"}")
+        w.orbit.metric("orbit_acks_total{result=\"refused\"}").unwrap_or(0)
     );
     ensure!(
         d.attempts == 1,
@@ -115,14 +106,6 @@ pub(crate) async fn lost_ack_reply(ctx: Ctx) -> Verdict {
         rows.len()
     );
     Ok("the ACK sent again with the same proof after its answer was lost: already_acked, one attempt".into())
-}
-
-/// A value of orbit-dev's `/metrics` (0 when absent).
-fn platform_counter(w: &World, name: &str) -> u64 {
-    let (_, text) = crate::http_raw(&w.orbit.addr, "GET", "/metrics", None, None);
-    text.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
-        .unwrap_or(0)
 }
 
 /// Each bad value, the variable it is in: consume must exit non-zero with a line naming the
@@ -193,13 +176,7 @@ pub(crate) async fn config_errors(ctx: Ctx) -> Verdict {
 pub(crate) async fn foreign_events(ctx: Ctx) -> Verdict {
     let mut w = World::start_with(&ctx, 2, POISON_BUDGET).await;
     let _p = w.running().await?;
-    let (task, key) = w.cancelled_task().await;
-    w.acked(
-        &w.deliveries_of(&key).await,
-        Duration::from_secs(30),
-        "R-STORE-7",
-    )
-    .await?;
+    let (task, key) = w.cancelled_and_acked("R-STORE-7").await?;
     let before = w.view(&task).await;
     let next = before.as_ref().map_or(1, |v| v.version + 1);
     // Delivered on this subscription, but naming another queue, or a type no receiver knows;
@@ -207,45 +184,22 @@ pub(crate) async fn foreign_events(ctx: Ctx) -> Verdict {
     let forged = [
         (
             "another queue",
-            serde_json::json!({"queue_id": "kit-other-queue"}),
+            serde_json::json!({"task_version": next, "queue_id": "kit-other-queue"}),
         ),
         (
             "an unknown type",
-            serde_json::json!({"type": "task.exploded"}),
+            serde_json::json!({"task_version": next, "type": "task.exploded"}),
         ),
     ];
-    let mut made = Vec::new();
-    for (what, change) in forged {
-        let mut body =
-            serde_json::json!({"fault": "forge-event", "event_id": key, "task_version": next});
-        for (k, v) in change.as_object().expect("an object") {
-            body[k] = v.clone();
-        }
-        let reply = w.fault(body);
-        let id = reply["event_id"].as_str().expect("a forged id").to_owned();
-        let deliveries: Vec<orbit_sdk::DeliveryId> = reply["deliveries"]
-            .as_array()
-            .expect("deliveries")
-            .iter()
-            .filter_map(|d| d.as_str().map(orbit_sdk::DeliveryId::from))
-            .collect();
-        made.push((what, id, deliveries));
-    }
+    let made: Vec<_> = forged
+        .into_iter()
+        .map(|(what, changes)| {
+            let (id, deliveries) = w.forge_with(&key, changes);
+            (what, id, deliveries)
+        })
+        .collect();
     for (what, id, deliveries) in &made {
-        let d = &deliveries[0];
-        let ended = poll(
-            Duration::from_secs(30),
-            Duration::from_millis(200),
-            || async {
-                let d = w.delivery(d).await;
-                (d.state != "LEASED" && d.state != "PENDING").then_some(d)
-            },
-        )
-        .await;
-        let d = match ended {
-            Some(d) => d,
-            None => w.delivery(d).await,
-        };
+        let d = w.settled(&deliveries[0], Duration::from_secs(30)).await;
         ensure!(
             d.state == "EXPIRED",
             "R-CANON-1: event {id}, which names {what}, must be refused at every attempt; its delivery was {} at attempt {}",
