@@ -3,8 +3,12 @@
 //! one URL component. The receiver's DSN (`result-inbox`), the SDK's platform address and
 //! testdb's server address all read their authority here.
 //!
+//! [`tls::TlsProblem`] says why a TLS handshake failed, in the same words for both.
+//!
 //! What this crate must never do: connect anywhere, resolve a name, or keep a password it was
 //! given (an [`Authority`] borrows the caller's text, which the caller keeps secret).
+
+pub mod tls;
 
 /// Why an authority cannot be read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -143,6 +147,15 @@ const COMPONENT: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMER
 /// a password.
 pub fn encode_component(text: &str) -> String {
     percent_encoding::utf8_percent_encode(text, COMPONENT).to_string()
+}
+
+/// Decodes one percent-encoded URL component (`%2F` to `/`); `None` when the result is not
+/// UTF-8.
+pub fn decode_component(text: &str) -> Option<String> {
+    percent_encoding::percent_decode_str(text)
+        .decode_utf8()
+        .ok()
+        .map(|c| c.into_owned())
 }
 
 #[cfg(test)]

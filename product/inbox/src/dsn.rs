@@ -41,6 +41,14 @@ pub enum DsnError {
     TimeZone(String),
     #[error("has ssl-mode set to something other than disabled, preferred, required, verify_ca or verify_identity")]
     BadSslMode,
+    #[error("has {parameter}={path}, which cannot be read: {problem}")]
+    TlsFile {
+        parameter: &'static str,
+        path: String,
+        problem: String,
+    },
+    #[error("has {0} without {1}: a client certificate needs both ssl-cert and ssl-key")]
+    HalfClientCertificate(&'static str, &'static str),
 }
 
 /// The URL parameters a DSN may carry (the driver's own names; `sslmode` and the like are
@@ -90,7 +98,50 @@ impl Dsn {
         if !parsed.is_loopback() && !dsn.requires_tls() {
             return Err(DsnError::NoTls(host_name.to_owned()));
         }
+        dsn.check_tls_files()?;
         Ok(dsn)
+    }
+
+    /// The files `ssl-ca`, `ssl-cert` and `ssl-key` name must be readable now: the driver
+    /// reads them at each connection, where a missing file would look like an unavailable
+    /// database. Only that they open is checked here; their content is the handshake's.
+    fn check_tls_files(&self) -> Result<(), DsnError> {
+        for parameter in ["ssl-ca", "ssl-cert", "ssl-key"] {
+            let Some(raw) = self.parameter(parameter) else {
+                continue;
+            };
+            let shown = |p: &str| -> String {
+                p.chars()
+                    .take(200)
+                    .map(|c| if c.is_control() { '?' } else { c })
+                    .collect()
+            };
+            let Some(path) = endpoint::decode_component(raw) else {
+                return Err(DsnError::TlsFile {
+                    parameter,
+                    path: shown(raw),
+                    problem: "the path is not UTF-8".into(),
+                });
+            };
+            let problem = match std::fs::File::open(&path) {
+                Ok(f) if f.metadata().is_ok_and(|m| m.is_file()) => continue,
+                Ok(_) => "it is not a file".to_owned(),
+                Err(e) => e.to_string(),
+            };
+            return Err(DsnError::TlsFile {
+                parameter,
+                path: shown(&path),
+                problem,
+            });
+        }
+        match (
+            self.parameter("ssl-cert").is_some(),
+            self.parameter("ssl-key").is_some(),
+        ) {
+            (true, false) => Err(DsnError::HalfClientCertificate("ssl-cert", "ssl-key")),
+            (false, true) => Err(DsnError::HalfClientCertificate("ssl-key", "ssl-cert")),
+            _ => Ok(()),
+        }
     }
 
     /// Whether the URL asks for a verified or required TLS connection.
@@ -102,6 +153,26 @@ impl Dsn {
                     v.to_ascii_uppercase().as_str(),
                     "REQUIRED" | "VERIFY_CA" | "VERIFY_IDENTITY"
                 )
+        })
+    }
+
+    /// Whether the URL turns TLS off (`ssl-mode=DISABLED`).
+    pub fn tls_disabled(&self) -> bool {
+        self.parameter("ssl-mode")
+            .is_some_and(|v| v.eq_ignore_ascii_case("disabled"))
+    }
+
+    /// Whether the URL names a client certificate (`ssl-cert`).
+    pub fn has_client_certificate(&self) -> bool {
+        self.parameter("ssl-cert").is_some()
+    }
+
+    /// The value of parameter `name` (or its spelling without the dash), as written.
+    fn parameter(&self, name: &str) -> Option<&str> {
+        let short = name.replace('-', "");
+        self.query.split('&').find_map(|kv| {
+            let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+            (k == name || k == short).then_some(v)
         })
     }
 
@@ -229,6 +300,45 @@ mod tests {
             Dsn::parse("mysql://u:p@127.0.0.1/r").is_ok(),
             "no port is the default port"
         );
+    }
+
+    #[test]
+    fn tls_files_must_open_and_a_client_certificate_needs_its_key() {
+        let dir = std::env::temp_dir().join(format!("dsn-tls-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let ca = dir.join("ca.pem");
+        std::fs::write(&ca, "pem").unwrap();
+        let base = "mysql://u:p@db.internal:3306/r?ssl-mode=VERIFY_IDENTITY";
+        assert!(Dsn::parse(&format!("{base}&ssl-ca={}", ca.display())).is_ok());
+        match Dsn::parse(&format!("{base}&ssl-ca={}/missing.pem", dir.display())) {
+            Err(DsnError::TlsFile {
+                parameter, path, ..
+            }) => {
+                assert_eq!(parameter, "ssl-ca");
+                assert!(path.ends_with("/missing.pem"), "{path}");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            Dsn::parse(&format!("{base}&ssl-ca={}", dir.display())),
+            Err(DsnError::TlsFile { .. })
+        ));
+        assert_eq!(
+            Dsn::parse(&format!("{base}&ssl-cert={}", ca.display())),
+            Err(DsnError::HalfClientCertificate("ssl-cert", "ssl-key"))
+        );
+        let both = Dsn::parse(&format!(
+            "{base}&ssl-cert={}&ssl-key={}",
+            ca.display(),
+            ca.display()
+        ))
+        .unwrap();
+        assert!(both.has_client_certificate());
+        assert!(!both.tls_disabled());
+        assert!(Dsn::parse("mysql://u:p@127.0.0.1/r?ssl-mode=disabled")
+            .unwrap()
+            .tls_disabled());
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -6,6 +6,7 @@
 use std::fmt;
 use std::time::Duration;
 
+use endpoint::tls::TlsProblem;
 use sqlx::mysql::MySqlDatabaseError;
 
 use crate::canonical::Digest;
@@ -14,6 +15,8 @@ use crate::event::Rejection;
 pub(crate) const ER_DUP_ENTRY: u16 = 1062;
 pub(crate) const ER_LOCK_WAIT_TIMEOUT: u16 = 1205;
 pub(crate) const ER_LOCK_DEADLOCK: u16 = 1213;
+/// "Connections using insecure transport are prohibited": MySQL's number, and MariaDB's.
+const ER_SECURE_TRANSPORT_REQUIRED: [u16; 2] = [3159, 4036];
 
 /// Which conflict: the platform sent something that contradicts what is already recorded.
 /// Redelivery will not fix it; a person must look at the source.
@@ -63,6 +66,8 @@ pub struct StorageError {
     kind: StorageKind,
     number: Option<u16>,
     sqlstate: Option<String>,
+    /// What else the refusal may mean, given the DSN ([`StorageError::for_dsn`]).
+    hint: Option<&'static str>,
 }
 
 /// The kinds of storage failure a caller acts on differently.
@@ -81,6 +86,11 @@ pub enum StorageKind {
     SchemaMissing,
     /// The server refused the account's user name and password (1045).
     AccessDenied,
+    /// The connection's TLS failed: an untrusted or misnamed server certificate, a refused
+    /// client certificate, a server without TLS, or a server that refuses plain TCP. Trying
+    /// again will not help; the DSN's `ssl-*` parameters or the server's certificate must
+    /// change.
+    Tls(TlsProblem),
     /// The account lacks a privilege it needs.
     PermissionDenied,
     /// Any other error the server reported.
@@ -95,6 +105,7 @@ impl StorageError {
             kind: StorageKind::Unexpected(what),
             number: None,
             sqlstate: None,
+            hint: None,
         }
     }
 
@@ -103,7 +114,24 @@ impl StorageError {
             kind: StorageKind::NotAnswering,
             number: None,
             sqlstate: None,
+            hint: None,
         }
+    }
+
+    /// A refused connection, read with what the DSN asked for: a server that requires TLS
+    /// refuses plain TCP, and an account that requires a client certificate refuses one
+    /// without, with the same "access denied" (1045) as a wrong password.
+    pub(crate) fn for_dsn(mut self, dsn: &crate::Dsn) -> Self {
+        if self.kind == StorageKind::AccessDenied {
+            self.hint = if dsn.tls_disabled() {
+                Some("or, as the DSN sets ssl-mode=DISABLED, the server requires TLS: use ssl-mode=VERIFY_IDENTITY and ssl-ca")
+            } else if !dsn.has_client_certificate() {
+                Some("or the account requires a client certificate (REQUIRE X509): add ssl-cert and ssl-key")
+            } else {
+                None
+            };
+        }
+        self
     }
 
     /// Classifies a driver error. Only the error number and SQLSTATE are kept.
@@ -120,6 +148,9 @@ impl StorageError {
                     Some(ER_LOCK_DEADLOCK) => StorageKind::Deadlock,
                     Some(ER_LOCK_WAIT_TIMEOUT) => StorageKind::LockWaitTimeout,
                     Some(1146) => StorageKind::SchemaMissing,
+                    Some(n) if ER_SECURE_TRANSPORT_REQUIRED.contains(&n) => {
+                        StorageKind::Tls(TlsProblem::Required)
+                    }
                     Some(1045) => StorageKind::AccessDenied,
                     Some(1044 | 1142 | 1143 | 1227) => StorageKind::PermissionDenied,
                     // Too many connections, server shutting down, connection killed.
@@ -130,8 +161,19 @@ impl StorageError {
                     _ => StorageKind::Server,
                 }
             }
+            // A handshake that failed on a certificate arrives as an I/O error wrapping
+            // rustls's; a server without TLS under a DSN that requires it, as `Tls`.
+            sqlx::Error::Io(io) if TlsProblem::find(io).is_some() => {
+                StorageKind::Tls(TlsProblem::find(io).unwrap_or(TlsProblem::Handshake))
+            }
+            sqlx::Error::Tls(e) => StorageKind::Tls(TlsProblem::find(e.as_ref()).unwrap_or(
+                if e.to_string().contains("not support TLS") {
+                    TlsProblem::NoTls
+                } else {
+                    TlsProblem::Handshake
+                },
+            )),
             sqlx::Error::Io(_)
-            | sqlx::Error::Tls(_)
             | sqlx::Error::PoolTimedOut
             | sqlx::Error::PoolClosed
             | sqlx::Error::WorkerCrashed => StorageKind::Unavailable,
@@ -147,6 +189,7 @@ impl StorageError {
             kind,
             number,
             sqlstate,
+            hint: None,
         }
     }
 
@@ -194,6 +237,23 @@ impl fmt::Display for StorageError {
             StorageKind::AccessDenied => {
                 "access denied: the server refused the DSN's user name or password"
             }
+            StorageKind::Tls(problem) => {
+                let check = match problem {
+                    TlsProblem::UntrustedCertificate => "check the DSN's ssl-ca",
+                    TlsProblem::NameMismatch => {
+                        "connect by a host name or address the certificate carries"
+                    }
+                    TlsProblem::Expired => "the server needs a new certificate",
+                    TlsProblem::ClientCertificateRefused => "check the DSN's ssl-cert and ssl-key",
+                    TlsProblem::NoTls => "enable TLS on the server, or use a server that has it",
+                    TlsProblem::Required => "add ssl-mode=VERIFY_IDENTITY and ssl-ca to the DSN",
+                    TlsProblem::Handshake => {
+                        "check the DSN's ssl-* parameters and the server's TLS"
+                    }
+                };
+                write!(f, "TLS: {}: ", problem.describe())?;
+                check
+            }
             StorageKind::PermissionDenied => {
                 "permission denied: see schema/grants.sql for what the account needs"
             }
@@ -202,9 +262,13 @@ impl fmt::Display for StorageError {
         };
         f.write_str(what)?;
         match (self.number, &self.sqlstate) {
-            (Some(n), Some(s)) => write!(f, " (mysql {n}, SQLSTATE {s})"),
-            (Some(n), None) => write!(f, " (mysql {n})"),
-            _ => Ok(()),
+            (Some(n), Some(s)) => write!(f, " (mysql {n}, SQLSTATE {s})")?,
+            (Some(n), None) => write!(f, " (mysql {n})")?,
+            _ => {}
+        }
+        match self.hint {
+            Some(hint) => write!(f, "; {hint}"),
+            None => Ok(()),
         }
     }
 }

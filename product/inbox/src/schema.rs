@@ -136,7 +136,7 @@ pub(crate) async fn init_from(dsn: &Dsn, schema_sql: &str) -> Result<InitReport,
         match error.number() {
             // Unknown database; access denied to the database.
             Some(1049 | 1044) => InitError::UnknownDatabase(dsn.database().to_owned()),
-            _ => InitError::Connect(error),
+            _ => InitError::Connect(error.for_dsn(dsn)),
         }
     })?;
 

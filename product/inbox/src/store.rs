@@ -400,7 +400,7 @@ impl Store {
         // Fail at start, not at the first event, when `init` was never run. A server that
         // accepts the connection and then says nothing must not hold the start forever.
         match tokio::time::timeout(CONNECT_TIMEOUT, store.read(sqlx::query(SCHEMA_CHECK))).await {
-            Ok(result) => result.map(|_| store),
+            Ok(result) => result.map(|_| store).map_err(|e| e.for_dsn(dsn)),
             Err(_) => Err(StorageError::not_answering()),
         }
     }
@@ -801,9 +801,13 @@ mod tests {
             connect_options(&dsn).unwrap().get_ssl_mode(),
             sqlx::mysql::MySqlSslMode::Required
         ));
-        let dsn =
-            Dsn::parse("mysql://u:p@127.0.0.1:3306/r?ssl-mode=verify_identity&ssl-ca=/etc/ca.pem")
-                .unwrap();
+        // The CA file must exist (Dsn::parse opens it); any readable file will do here.
+        let dsn = Dsn::parse(concat!(
+            "mysql://u:p@127.0.0.1:3306/r?ssl-mode=verify_identity&ssl-ca=",
+            env!("CARGO_MANIFEST_DIR"),
+            "/Cargo.toml"
+        ))
+        .unwrap();
         assert!(matches!(
             connect_options(&dsn).unwrap().get_ssl_mode(),
             sqlx::mysql::MySqlSslMode::VerifyIdentity

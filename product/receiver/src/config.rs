@@ -17,6 +17,9 @@ pub const ORBIT_RECEIVER_DSN: &str = "ORBIT_RECEIVER_DSN";
 pub const RECEIVER_NAME: &str = "RECEIVER_NAME";
 /// The platform, e.g. `http://127.0.0.1:8080` (plain HTTP to loopback only).
 pub const ORBIT_URL: &str = "ORBIT_URL";
+/// A PEM bundle of CAs to trust for an `https` platform, beside the system's own (for a
+/// platform behind a private CA).
+pub const ORBIT_CA_FILE: &str = "ORBIT_CA_FILE";
 /// The credentials file `orbit-dev bootstrap` wrote.
 pub const ORBIT_CREDENTIALS_FILE: &str = orbit_sdk::credentials::ORBIT_CREDENTIALS_FILE;
 /// Overrides the credentials file's token.
@@ -83,6 +86,7 @@ pub const ALL_VARIABLES: &[&str] = &[
     ORBIT_RECEIVER_DSN,
     RECEIVER_NAME,
     ORBIT_URL,
+    ORBIT_CA_FILE,
     ORBIT_CREDENTIALS_FILE,
     ORBIT_TOKEN,
     ORBIT_QUEUE_ID,
@@ -214,6 +218,48 @@ pub struct PlatformConfig {
     pub url: String,
     pub credentials: orbit_sdk::Credentials,
     pub queue: result_inbox::QueueId,
+    /// The CAs an `https` platform may be signed by (`None` for plain loopback HTTP).
+    pub trust: Option<orbit_sdk::Trust>,
+}
+
+impl PlatformConfig {
+    /// A client for the platform, trusting what the configuration says.
+    pub fn client(&self) -> Result<orbit_sdk::Client, orbit_sdk::SdkError> {
+        orbit_sdk::Client::with_trust(
+            &self.url,
+            self.credentials.token.clone(),
+            self.trust.clone(),
+        )
+    }
+}
+
+/// Reads `ORBIT_CA_FILE` and the system's roots, for an `https` platform or whenever a CA file
+/// is named (so that a bad one is reported at start, whatever the URL).
+fn trust(
+    source: &dyn Source,
+    secure: bool,
+    errors: &mut Vec<ConfigError>,
+) -> Option<orbit_sdk::Trust> {
+    let file = source.get(ORBIT_CA_FILE).filter(|f| !f.is_empty());
+    if !secure && file.is_none() {
+        return None;
+    }
+    match orbit_sdk::Trust::load(file.as_deref().map(std::path::Path::new)) {
+        Ok(trust) => Some(trust),
+        Err(e) => {
+            let problem = match e {
+                orbit_sdk::TrustError::CaFile { problem, .. } => {
+                    format!("{}: {problem}", file.unwrap_or_default())
+                }
+                other => other.to_string(),
+            };
+            errors.push(ConfigError {
+                variable: ORBIT_CA_FILE,
+                problem,
+            });
+            None
+        }
+    }
 }
 
 fn orbit(source: &dyn Source, errors: &mut Vec<ConfigError>) -> Option<PlatformConfig> {
@@ -241,6 +287,10 @@ fn orbit(source: &dyn Source, errors: &mut Vec<ConfigError>) -> Option<PlatformC
             }
         },
     };
+    let secure = url
+        .as_deref()
+        .is_some_and(|u| u.to_ascii_lowercase().starts_with("https://"));
+    let trust = trust(source, secure, errors);
     let file = source.get(ORBIT_CREDENTIALS_FILE).filter(|f| !f.is_empty());
     let credentials = match orbit_sdk::Credentials::resolve(
         file.as_deref().map(std::path::Path::new),
@@ -292,10 +342,14 @@ fn orbit(source: &dyn Source, errors: &mut Vec<ConfigError>) -> Option<PlatformC
                     None
                 }
             });
+    if secure && trust.is_none() {
+        return None;
+    }
     Some(PlatformConfig {
         url: url?,
         credentials: credentials?,
         queue: queue?,
+        trust,
     })
 }
 

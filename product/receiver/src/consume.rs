@@ -74,11 +74,11 @@ async fn start(
     seams: Seams,
 ) -> Result<(Client, orbit_sdk::wire::Subscription, Arc<Store>), ConsumeError> {
     let queue = config.run.platform.queue.clone();
-    let client = Client::new(
-        &config.run.platform.url,
-        config.run.platform.credentials.token.clone(),
-    )
-    .map_err(ConsumeError::Platform)?;
+    let client = config
+        .run
+        .platform
+        .client()
+        .map_err(ConsumeError::Platform)?;
     let subscription = client
         .get_subscription(&config.subscription)
         .await

@@ -157,11 +157,7 @@ async fn connect(
     .await
     .map_err(|e| fail(e.to_string()))?;
     let fail = progress.at("connect to the platform");
-    let client = Client::new(
-        &config.platform.url,
-        config.platform.credentials.token.clone(),
-    )
-    .map_err(|e| fail(e.to_string()))?;
+    let client = config.platform.client().map_err(|e| fail(e.to_string()))?;
     Ok((Arc::new(store), client))
 }
 

@@ -452,8 +452,7 @@ async fn deliveries(
     target: &Target,
     inbox: &[InboxRow],
 ) -> Result<Vec<DeliveryRow>, String> {
-    let client =
-        orbit_sdk::Client::new(&p.url, p.credentials.token.clone()).map_err(|e| e.to_string())?;
+    let client = p.client().map_err(|e| e.to_string())?;
     let task = match target {
         Target::Task(t) => Some(t.to_string()),
         Target::Event(_) => inbox.first().map(|r| r.task_id.clone()),

@@ -81,8 +81,7 @@ pub async fn consume(
     stop: impl std::future::Future<Output = &'static str>,
 ) -> Result<(), ConsumeError> {
     let platform = &config.run.platform;
-    let client = orbit_sdk::Client::new(&platform.url, platform.credentials.token.clone())
-        .map_err(ConsumeError::Platform)?;
+    let client = platform.client().map_err(ConsumeError::Platform)?;
     if is(Mutant::PrintsToken) {
         eprintln!(
             "receiver-mutant: platform token {}",

@@ -7,8 +7,11 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::value::RawValue;
 
+use endpoint::tls::TlsProblem;
+
 use crate::credentials::Token;
 use crate::ids::{DeliveryId, SubscriptionId};
+use crate::trust::{Trust, TrustError};
 use crate::wire::{
     AddBudget, CreateSubscription, CredentialInfo, DeliveryInfo, ErrorBody, ReportTask, SubmitTask,
     Subscription, Task,
@@ -34,6 +37,27 @@ pub enum SdkError {
     /// The platform answered something that is not the contract.
     #[error("unexpected reply from the platform: {0}")]
     Decode(String),
+    /// The TLS handshake with the platform failed.
+    #[error("ORBIT_URL {url}: TLS: {}: {}", .problem.describe(), tls_advice(*.problem))]
+    Tls { url: String, problem: TlsProblem },
+    /// The CAs to trust could not be loaded.
+    #[error("ORBIT_CA_FILE {0}")]
+    Trust(#[from] TrustError),
+}
+
+/// What to check, for each TLS problem with the platform.
+fn tls_advice(problem: TlsProblem) -> &'static str {
+    match problem {
+        TlsProblem::UntrustedCertificate => {
+            "name the platform's CA in ORBIT_CA_FILE (a PEM file), or add it to the system's trust store"
+        }
+        TlsProblem::NameMismatch => "use a host name or address the certificate carries",
+        TlsProblem::Expired => "the platform needs a new certificate",
+        TlsProblem::ClientCertificateRefused => "the platform wants a client certificate, which the SDK does not send",
+        TlsProblem::NoTls | TlsProblem::Required | TlsProblem::Handshake => {
+            "check that ORBIT_URL is the platform's https address"
+        }
+    }
 }
 
 /// A failure below the protocol (DNS, TCP, TLS, HTTP framing, a timeout), with the URL
@@ -172,6 +196,8 @@ pub struct Client {
     http: reqwest::Client,
     base: BaseUrl,
     token: Token,
+    /// The CAs `https` and `wss` trust; `None` for a plain loopback platform.
+    trust: Option<Trust>,
 }
 
 /// Percent-encodes one path segment.
@@ -180,15 +206,60 @@ fn seg(s: &str) -> String {
 }
 
 impl Client {
-    /// A client for `base_url` (see [`BaseUrl::parse`]) using `token`.
+    /// A client for `base_url` (see [`BaseUrl::parse`]) using `token`; an `https` platform
+    /// must have a certificate the system trusts.
     pub fn new(base_url: &str, token: Token) -> Result<Client, SdkError> {
+        Self::with_trust(base_url, token, None)
+    }
+
+    /// [`Client::new`] trusting `trust` for `https` and `wss` (the system's roots plus a CA
+    /// file, say); `None` loads the system's roots alone, when the URL is `https`.
+    ///
+    /// The token goes only where `base_url` points: over TLS, or to loopback. Redirects are
+    /// not followed.
+    pub fn with_trust(
+        base_url: &str,
+        token: Token,
+        trust: Option<Trust>,
+    ) -> Result<Client, SdkError> {
         let base = BaseUrl::parse(base_url)?;
-        let http = reqwest::Client::builder()
+        let trust = match (base.secure, trust) {
+            (true, None) => Some(Trust::load(None)?),
+            (_, trust) => trust,
+        };
+        let mut builder = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(5))
             .timeout(Duration::from_secs(30))
+            .redirect(reqwest::redirect::Policy::none())
+            .https_only(base.secure);
+        if let Some(trust) = &trust {
+            builder = builder.use_preconfigured_tls((*trust.config()).clone());
+        }
+        let http = builder
             .build()
             .map_err(|e| SdkError::Transport(TransportError::new(e)))?;
-        Ok(Client { http, base, token })
+        Ok(Client {
+            http,
+            base,
+            token,
+            trust,
+        })
+    }
+
+    /// The CAs this client trusts, when the platform is `https`.
+    pub(crate) fn trust(&self) -> Option<&Trust> {
+        self.trust.as_ref()
+    }
+
+    /// A transport failure, or the TLS problem behind it.
+    fn transport(&self, e: reqwest::Error) -> SdkError {
+        match TlsProblem::find(&e) {
+            Some(problem) => SdkError::Tls {
+                url: self.base.http(""),
+                problem,
+            },
+            None => SdkError::Transport(TransportError::new(e)),
+        }
     }
 
     /// The base URL.
@@ -213,15 +284,18 @@ impl Client {
         if let Some(body) = body {
             req = req.json(body);
         }
-        let resp = req
-            .send()
-            .await
-            .map_err(|e| SdkError::Transport(TransportError::new(e)))?;
+        let resp = req.send().await.map_err(|e| self.transport(e))?;
         let status = resp.status().as_u16();
-        let bytes = resp
-            .bytes()
-            .await
-            .map_err(|e| SdkError::Transport(TransportError::new(e)))?;
+        let bytes = resp.bytes().await.map_err(|e| self.transport(e))?;
+        if (300..400).contains(&status) {
+            return Err(SdkError::Api {
+                status,
+                code: "redirect".into(),
+                message: format!(
+                    "HTTP {status}: the SDK follows no redirect (the token goes only where ORBIT_URL points)"
+                ),
+            });
+        }
         if status >= 400 {
             return Err(match serde_json::from_slice::<ErrorBody>(&bytes) {
                 Ok(b) => SdkError::Api {

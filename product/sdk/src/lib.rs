@@ -11,10 +11,13 @@ pub mod consumer;
 pub mod credentials;
 pub mod ids;
 mod link;
+pub mod trust;
 pub mod wire;
 
 pub use client::{Client, DeliveryFilter, SdkError, TransportError};
 pub use consumer::{ConsumerEvent, CreditGate, Delivery, EventConsumer, Running, Summary};
 pub use credentials::{Credentials, CredentialsError, Token};
 pub use ids::{DeliveryId, SubscriptionId};
+pub use link::{StreamError, MAX_MESSAGE_BYTES};
+pub use trust::{Trust, TrustError};
 pub use wire::AckResult;

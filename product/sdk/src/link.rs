@@ -5,12 +5,15 @@
 use std::future::Future;
 use std::time::Duration;
 
+use endpoint::tls::TlsProblem;
 use futures_util::{SinkExt, StreamExt};
 use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::error::{CapacityError, Error as WsError};
 use tokio_tungstenite::tungstenite::http::HeaderValue;
+use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tokio_tungstenite::tungstenite::Message;
-use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
+use tokio_tungstenite::{Connector as TlsConnector, MaybeTlsStream, WebSocketStream};
 
 use crate::client::Client;
 use crate::wire::MessageError;
@@ -41,6 +44,26 @@ pub enum StreamError {
     /// An ACK was not answered within the ACK timeout.
     #[error("an ACK went unanswered")]
     AckUnanswered,
+    /// The platform sent a message larger than any legal delivery.
+    #[error("the platform sent a message of more than {MAX_MESSAGE_BYTES} bytes (a 512 KiB event and its envelope at most): closing the stream")]
+    TooLarge,
+}
+
+/// The largest message the stream accepts from the platform: a 512 KiB event (the canonical
+/// form's limit) and 64 KiB for its envelope, as the platform's own request limit. The
+/// WebSocket library's default would hold up to 64 MiB in memory per message.
+pub const MAX_MESSAGE_BYTES: usize = 576 * 1024;
+
+/// A WebSocket error as the stream reports it: a TLS problem in the SDK's words, an oversized
+/// message as [`StreamError::TooLarge`].
+fn stream_error(e: &WsError, wrap: fn(String) -> StreamError) -> StreamError {
+    if let WsError::Capacity(CapacityError::MessageTooLong { .. }) = e {
+        return StreamError::TooLarge;
+    }
+    match TlsProblem::find(e) {
+        Some(problem) => wrap(format!("TLS: {}", problem.describe())),
+        None => wrap(e.to_string()),
+    }
 }
 
 /// One open stream connection.
@@ -66,6 +89,8 @@ pub(crate) struct WsConnector {
     url: String,
     authorization: Option<HeaderValue>,
     timeout: Duration,
+    /// The client's TLS configuration, for `wss`.
+    tls: Option<TlsConnector>,
 }
 
 impl WsConnector {
@@ -79,6 +104,7 @@ impl WsConnector {
             url: client.base().ws(path),
             authorization,
             timeout,
+            tls: client.trust().map(|t| TlsConnector::Rustls(t.config())),
         }
     }
 }
@@ -97,10 +123,18 @@ impl Connector for WsConnector {
         }
         // No Nagle: an ACK is a small frame sent while the previous one may be unanswered,
         // and Nagle with the peer's delayed ACK would hold it back about 40 ms.
-        let connect = tokio_tungstenite::connect_async_with_config(request, None, true);
+        let config = WebSocketConfig::default()
+            .max_message_size(Some(MAX_MESSAGE_BYTES))
+            .max_frame_size(Some(MAX_MESSAGE_BYTES));
+        let connect = tokio_tungstenite::connect_async_tls_with_config(
+            request,
+            Some(config),
+            true,
+            self.tls.clone(),
+        );
         match tokio::time::timeout(self.timeout, connect).await {
             Ok(Ok((ws, _))) => Ok(WsLink(ws)),
-            Ok(Err(e)) => Err(StreamError::Connect(e.to_string())),
+            Ok(Err(e)) => Err(stream_error(&e, StreamError::Connect)),
             Err(_) => Err(StreamError::ConnectTimeout(self.timeout)),
         }
     }
@@ -114,7 +148,7 @@ impl Link for WsLink {
         self.0
             .send(Message::Text(text.into()))
             .await
-            .map_err(|e| StreamError::Transport(e.to_string()))
+            .map_err(|e| stream_error(&e, StreamError::Transport))
     }
 
     async fn recv(&mut self) -> Result<Option<String>, StreamError> {
@@ -124,7 +158,7 @@ impl Link for WsLink {
                 Some(Ok(Message::Close(_))) | None => return Ok(None),
                 // Pings, pongs and binary frames carry nothing for the consumer.
                 Some(Ok(_)) => continue,
-                Some(Err(e)) => return Err(StreamError::Transport(e.to_string())),
+                Some(Err(e)) => return Err(stream_error(&e, StreamError::Transport)),
             }
         }
     }

@@ -141,7 +141,7 @@ impl ContainerServer {
             port,
             description: String::new(),
         };
-        let url = provision::url("root", "", &format!("127.0.0.1:{port}"), None);
+        let url = provision::url("root", "", &format!("127.0.0.1:{port}"), None, "");
         let start = Instant::now();
         let version = loop {
             match provision::block_on(provision::select_version(url.clone())) {

@@ -194,7 +194,13 @@ impl Node {
     }
 
     fn admin_url(&self) -> secret::Secret {
-        provision::url("root", "", &format!("127.0.0.1:{}", self.ports.sql), None)
+        provision::url(
+            "root",
+            "",
+            &format!("127.0.0.1:{}", self.ports.sql),
+            None,
+            "",
+        )
     }
 
     /// A `SHOW GLOBAL STATUS` value of the node, when it answers.

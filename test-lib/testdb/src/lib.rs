@@ -31,6 +31,7 @@ mod galera;
 mod local;
 mod process;
 mod provision;
+pub mod tls;
 
 #[cfg(feature = "container")]
 mod container;
@@ -51,6 +52,13 @@ pub const TESTDB_MYSQL_URL: &str = "TESTDB_MYSQL_URL";
 pub const TESTDB_ANNOUNCE: &str = "TESTDB_ANNOUNCE";
 /// Forces a backend: `url` (the server [`TESTDB_MYSQL_URL`] names), `container` or `local`.
 pub const TESTDB_BACKEND: &str = "TESTDB_BACKEND";
+/// When set (to anything), [`Server::start`] and so the shared server start a local server
+/// that speaks only TLS ([`Server::local_tls`] for `localhost` and `127.0.0.1`): a suite run
+/// this way makes every connection of its tests over verified TLS. Only the local backend can.
+pub const TESTDB_TLS: &str = "TESTDB_TLS";
+
+/// The names a TLS server's certificate carries unless a test asks for others.
+pub const TLS_NAMES: [&str; 2] = ["localhost", "127.0.0.1"];
 
 /// How long a starting server has to answer `SELECT 1`.
 pub const READY_TIMEOUT: Duration = Duration::from_secs(60);
@@ -141,6 +149,18 @@ pub struct Server {
     admin_password: secret::Secret,
     description: String,
     backend: Backend,
+    /// A TLS server's certificate authority and its URL parameters.
+    tls: Option<Tls>,
+}
+
+/// What a TLS server's clients need.
+#[derive(Debug)]
+struct Tls {
+    pki: std::sync::Arc<tls::Pki>,
+    /// `ssl-mode=VERIFY_IDENTITY&ssl-ca=…&ssl-cert=…&ssl-key=…`.
+    query: String,
+    /// `socket=…`: what the harness's own admin connections carry.
+    admin_query: String,
 }
 
 #[derive(Debug)]
@@ -163,6 +183,14 @@ impl Server {
     /// Starts (or connects to) a server owned by the caller; it is removed on drop.
     pub fn start() -> Result<Server, Error> {
         let forced = env(TESTDB_BACKEND);
+        if env(TESTDB_TLS).is_some() {
+            return match forced.as_deref() {
+                None | Some("local") => Self::local_tls(&TLS_NAMES),
+                Some(other) => Err(Error::Config(format!(
+                    "{TESTDB_TLS} needs the local backend, and {TESTDB_BACKEND} is {other}"
+                ))),
+            };
+        }
         match forced.as_deref() {
             Some("url") => Self::existing(),
             Some("container") => Self::container(),
@@ -185,12 +213,73 @@ impl Server {
 
     /// A local `mariadbd`/`mysqld` on a temporary datadir, whatever the environment says.
     pub fn local() -> Result<Server, Error> {
-        let server = local::LocalServer::start()?;
+        let server = local::LocalServer::start(None)?;
         Ok(Self::loopback_root(
             server.port(),
             server.description().to_owned(),
             Backend::Local(server),
         ))
+    }
+
+    /// A local server that speaks TLS and refuses plain TCP (`require_secure_transport`),
+    /// with a certificate for `names` (e.g. `localhost` and `127.0.0.1`) signed by a CA made
+    /// for it ([`Server::pki`]); its files live in the server's directory and go with it.
+    /// Every URL this server and its [`Provisioned`] databases give carries
+    /// [`Server::tls_query`]: verified TLS, with the CA's client certificate.
+    pub fn local_tls(names: &[&str]) -> Result<Server, Error> {
+        let made: std::sync::Mutex<Option<Tls>> = std::sync::Mutex::new(None);
+        let make = |dir: &std::path::Path| -> Result<local::ServerTls, Error> {
+            let pki = tls::Pki::generate(&dir.join("tls"))?;
+            let server = pki.server("server", names)?;
+            let query = format!(
+                "ssl-mode=VERIFY_IDENTITY&ssl-ca={}&ssl-cert={}&ssl-key={}",
+                pki.ca.display(),
+                pki.client.cert.display(),
+                pki.client.key.display()
+            );
+            // The harness administers the server over its unix socket, which the server
+            // counts as secure: so it can whatever names the certificate carries (a test may
+            // give it names that do not match on purpose).
+            let admin_query = format!("socket={}", dir.join("mysqld.sock").display());
+            let args = vec![
+                format!("--ssl-ca={}", pki.ca.display()),
+                format!("--ssl-cert={}", server.cert.display()),
+                format!("--ssl-key={}", server.key.display()),
+                "--require-secure-transport=ON".to_owned(),
+            ];
+            *made.lock().unwrap_or_else(|p| p.into_inner()) = Some(Tls {
+                pki: std::sync::Arc::new(pki),
+                query,
+                admin_query: admin_query.clone(),
+            });
+            Ok(local::ServerTls {
+                args,
+                query: admin_query,
+            })
+        };
+        let server = local::LocalServer::start(Some(&make))?;
+        let tls = made.into_inner().unwrap_or_else(|p| p.into_inner());
+        Ok(Server {
+            tls,
+            ..Self::loopback_root(
+                server.port(),
+                server.description().to_owned(),
+                Backend::Local(server),
+            )
+        })
+    }
+
+    /// A TLS server's certificate authority ([`Server::local_tls`]), `None` for the others.
+    pub fn pki(&self) -> Option<&tls::Pki> {
+        self.tls.as_ref().map(|t| &*t.pki)
+    }
+
+    /// The URL parameters every client of a TLS server needs; empty for the others.
+    pub fn tls_query(&self) -> String {
+        self.tls
+            .as_ref()
+            .map(|t| t.query.clone())
+            .unwrap_or_default()
     }
 
     /// A server of ours on loopback, administered as `root` without a password.
@@ -202,6 +291,7 @@ impl Server {
             admin_password: secret::Secret::new(""),
             description,
             backend,
+            tls: None,
         }
         .announced()
     }
@@ -247,6 +337,7 @@ impl Server {
             admin_password: secret::Secret::new(password),
             description: format!("existing server at {host}:{port}"),
             backend: Backend::Existing,
+            tls: None,
         };
         let version = provision::block_on(provision::server_version(&server))?;
         let server = Server {
@@ -304,11 +395,17 @@ impl Server {
 
     /// An admin URL (no database); it carries a password only for an existing server.
     pub fn admin_url(&self) -> secret::Secret {
+        self.admin_url_on(None)
+    }
+
+    /// An admin URL on `database`.
+    pub fn admin_url_on(&self, database: Option<&str>) -> secret::Secret {
         provision::url(
             &self.admin_user,
             self.admin_password.expose(),
             &self.address(),
-            None,
+            database,
+            self.tls.as_ref().map_or("", |t| t.admin_query.as_str()),
         )
     }
 

@@ -93,10 +93,28 @@ pub(crate) struct LocalServer {
     dir: PathBuf,
     port: u16,
     description: String,
+    /// The server's TLS, if it was started with it: its options, and what an admin URL needs.
+    tls: Option<ServerTls>,
+}
+
+/// Writes a TLS server's certificates into its directory; what the server is started with.
+pub(crate) type MakeTls<'a> = &'a dyn Fn(&Path) -> Result<ServerTls, Error>;
+
+/// What a TLS server was started with.
+#[derive(Debug, Clone)]
+pub(crate) struct ServerTls {
+    /// `--ssl-*` and `--require-secure-transport` options.
+    pub(crate) args: Vec<String>,
+    /// The query an admin URL carries to connect (the server refuses plain TCP).
+    pub(crate) query: String,
 }
 
 impl LocalServer {
-    pub(crate) fn start() -> Result<LocalServer, Error> {
+    /// A plain server, or with `tls` a server that refuses any TCP connection without TLS;
+    /// `tls` is called with the server's own directory, to write its certificates there.
+    pub(crate) fn start(
+        tls: Option<MakeTls<'_>>,
+    ) -> Result<LocalServer, Error> {
         let program = find_program()?;
         let root = root_dir();
         fs::create_dir_all(&root)
@@ -115,10 +133,11 @@ impl LocalServer {
             .map_err(Error::io(format!("cannot write in {}", dir.display())))?;
 
         let result = Self::install(&program, &dir).and_then(|()| {
+            let tls = tls.map(|make| make(&dir)).transpose()?;
             // A port can be taken between choosing and binding; try a few.
             let mut last = None;
             for _ in 0..3 {
-                match Self::launch(&program, &dir, free_loopback_port()?) {
+                match Self::launch(&program, &dir, free_loopback_port()?, tls.clone()) {
                     Ok(server) => return Ok(server),
                     Err(e @ Error::PortInUse { .. }) => last = Some(e),
                     Err(e) => return Err(e),
@@ -189,9 +208,14 @@ impl LocalServer {
         Ok(())
     }
 
-    fn launch(program: &Program, dir: &Path, port: u16) -> Result<LocalServer, Error> {
+    fn launch(
+        program: &Program,
+        dir: &Path,
+        port: u16,
+        tls: Option<ServerTls>,
+    ) -> Result<LocalServer, Error> {
         let _ = fs::remove_file(dir.join("error.log"));
-        let child = Self::spawn(program, dir, port)?;
+        let child = Self::spawn(program, dir, port, tls.as_ref())?;
         let pid = child.id();
         let mut server = LocalServer {
             child: Running::new(child),
@@ -200,6 +224,7 @@ impl LocalServer {
             dir: dir.to_path_buf(),
             port,
             description: String::new(),
+            tls,
         };
         let version = server.wait_ready(&dir.join("error.log"))?;
         let name = program
@@ -207,12 +232,22 @@ impl LocalServer {
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
-        server.description = format!("{version} (local {name}, 127.0.0.1:{port})");
+        let tls = if server.tls.is_some() {
+            ", TLS only"
+        } else {
+            ""
+        };
+        server.description = format!("{version} (local {name}, 127.0.0.1:{port}{tls})");
         Ok(server)
     }
 
     /// Starts the server process on `dir`'s datadir and `port`, registered for cleanup.
-    fn spawn(program: &Program, dir: &Path, port: u16) -> Result<Child, Error> {
+    fn spawn(
+        program: &Program,
+        dir: &Path,
+        port: u16,
+        tls: Option<&ServerTls>,
+    ) -> Result<Child, Error> {
         let data = dir.join("data");
         let log = dir.join("error.log");
         let socket = dir.join("mysqld.sock");
@@ -238,6 +273,9 @@ impl LocalServer {
         if !program.mariadb {
             cmd.arg("--mysqlx=OFF");
         }
+        if let Some(tls) = tls {
+            cmd.args(&tls.args);
+        }
         if is_root() {
             cmd.arg("--user=root");
         }
@@ -259,7 +297,7 @@ impl LocalServer {
     /// committed); returns when it answers `SELECT 1`.
     pub(crate) fn restart(&self) -> Result<(), Error> {
         self.kill();
-        let child = Self::spawn(&self.program, &self.dir, self.port)?;
+        let child = Self::spawn(&self.program, &self.dir, self.port, self.tls.as_ref())?;
         let old = self.pid.swap(child.id(), Ordering::SeqCst);
         unregister_pid(old);
         self.child.set(child);
@@ -284,7 +322,9 @@ impl LocalServer {
                 });
             }
             if TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
-                let url = provision::url("root", "", &format!("127.0.0.1:{}", self.port), None);
+                let query = self.tls.as_ref().map_or("", |t| t.query.as_str());
+                let url =
+                    provision::url("root", "", &format!("127.0.0.1:{}", self.port), None, query);
                 if let Ok(version) = provision::block_on(provision::select_version(url)) {
                     return Ok(version);
                 }

@@ -33,8 +33,15 @@ where
     })
 }
 
-/// `mysql://user[:password]@address[/database]`, a [`Secret`] because of the password.
-pub(crate) fn url(user: &str, password: &str, address: &str, database: Option<&str>) -> Secret {
+/// `mysql://user[:password]@address[/database][?query]`, a [`Secret`] because of the
+/// password. `query` is empty, or a TLS server's parameters (see [`Server::tls_query`]).
+pub(crate) fn url(
+    user: &str,
+    password: &str,
+    address: &str,
+    database: Option<&str>,
+    query: &str,
+) -> Secret {
     let mut u = format!("mysql://{}", endpoint::encode_component(user));
     if !password.is_empty() {
         u.push(':');
@@ -45,6 +52,13 @@ pub(crate) fn url(user: &str, password: &str, address: &str, database: Option<&s
     if let Some(db) = database {
         u.push('/');
         u.push_str(&endpoint::encode_component(db));
+    }
+    if !query.is_empty() {
+        if database.is_none() {
+            u.push('/');
+        }
+        u.push('?');
+        u.push_str(query);
     }
     Secret::new(u)
 }
@@ -96,6 +110,10 @@ pub struct Account {
 pub struct Provisioned {
     address: String,
     admin_url: Secret,
+    /// The admin URL on the receiver database.
+    admin_receiver: Secret,
+    /// What every account's URL of a TLS server carries (empty otherwise).
+    query: String,
     /// The platform's database (`orbit_test_<pid>_<n>`).
     pub platform_db: String,
     /// The receiver's database (`orbit_receiver_test_<pid>_<n>`).
@@ -122,11 +140,14 @@ impl Server {
             user: format!("rit_{tag}_{role}"),
             password: random_password().into(),
         };
+        let receiver_db = format!("orbit_receiver_test_{tag}");
         let p = Provisioned {
             address: self.address(),
             admin_url: self.admin_url(),
+            admin_receiver: self.admin_url_on(Some(&receiver_db)),
+            query: self.tls_query(),
             platform_db: format!("orbit_test_{tag}"),
-            receiver_db: format!("orbit_receiver_test_{tag}"),
+            receiver_db,
             init: account("init"),
             runtime: account("run"),
             platform: account("plat"),
@@ -201,6 +222,7 @@ impl Provisioned {
             a.password.expose(),
             &self.address,
             Some(&self.receiver_db),
+            &self.query,
         )
     }
 
@@ -221,6 +243,7 @@ impl Provisioned {
             self.platform.password.expose(),
             &self.address,
             Some(&self.platform_db),
+            &self.query,
         )
     }
 
@@ -231,12 +254,13 @@ impl Provisioned {
             self.runtime.password.expose(),
             &self.address,
             Some(&self.platform_db),
+            &self.query,
         )
     }
 
     /// The admin URL on the receiver database, for tests that inspect or interfere.
     pub fn admin_receiver_url(&self) -> Secret {
-        Secret::new(format!("{}/{}", self.admin_url.expose(), self.receiver_db))
+        self.admin_receiver.clone()
     }
 
     /// [`Provisioned::runtime_url`] on another node of the same cluster, where the same
@@ -247,16 +271,27 @@ impl Provisioned {
             self.runtime.password.expose(),
             &node.address(),
             Some(&self.receiver_db),
+            &node.tls_query(),
         )
     }
 
     /// [`Provisioned::admin_receiver_url`] on another node of the same cluster.
     pub fn admin_receiver_url_on(&self, node: &Server) -> Secret {
-        Secret::new(format!(
-            "{}/{}",
-            node.admin_url().expose(),
-            self.receiver_db
-        ))
+        node.admin_url_on(Some(&self.receiver_db))
+    }
+
+    /// On a TLS server: makes the init and runtime accounts `REQUIRE X509`, so that they can
+    /// connect only with a client certificate signed by the server's CA (their URLs carry
+    /// one).
+    pub async fn require_x509(&self) -> Result<(), Error> {
+        let mut conn = connect(self.admin_url.expose()).await?;
+        for a in [&self.init, &self.runtime] {
+            conn.execute(format!("ALTER USER '{}'@'%' REQUIRE X509", a.user).as_str())
+                .await
+                .map_err(Error::sql("ALTER USER … REQUIRE X509 failed"))?;
+        }
+        let _ = conn.close().await;
+        Ok(())
     }
 
     /// `host:port`.

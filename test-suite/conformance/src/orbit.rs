@@ -70,6 +70,8 @@ pub struct OrbitDev {
     args: Vec<String>,
     /// The platform's (and a receiver's) databases.
     pub db: Provisioned,
+    /// With TLS: the CA that signed the server's certificate (`ORBIT_CA_FILE`).
+    pub ca_file: Option<PathBuf>,
 }
 
 impl OrbitDev {
@@ -78,8 +80,27 @@ impl OrbitDev {
         Self::start_with(ReceiverDb::provisioned().await, args)
     }
 
+    /// [`OrbitDev::start_with`] serving HTTPS and WSS only, with a certificate for
+    /// `localhost` and `127.0.0.1` signed by `pki`'s CA (the receiver's database server's CA,
+    /// typically); [`OrbitDev::url`] is `https://…` and the receiver's environment names the CA
+    /// in `ORBIT_CA_FILE`.
+    pub fn start_tls(db: Provisioned, pki: &testdb::tls::Pki, args: &[&str]) -> OrbitDev {
+        let files = pki
+            .server("orbit-dev", &testdb::TLS_NAMES)
+            .unwrap_or_else(|e| panic!("orbit-dev's certificate: {e}"));
+        let cert = files.cert.display().to_string();
+        let key = files.key.display().to_string();
+        let mut all: Vec<&str> = args.to_vec();
+        all.extend(["--tls-cert", &cert, "--tls-key", &key]);
+        Self::start_inner(db, &all, Some(pki.ca.clone()))
+    }
+
     /// [`OrbitDev::start`] on databases provisioned elsewhere (a node of a cluster, say).
     pub fn start_with(db: Provisioned, args: &[&str]) -> OrbitDev {
+        Self::start_inner(db, args, None)
+    }
+
+    fn start_inner(db: Provisioned, args: &[&str], ca_file: Option<PathBuf>) -> OrbitDev {
         let dir = testdb::scratch_dir()
             .expect("a scratch directory")
             .join(format!("orbit-dev-{}", db.platform_db));
@@ -93,6 +114,7 @@ impl OrbitDev {
             credentials_file,
             args: args.iter().map(|s| (*s).to_owned()).collect(),
             db,
+            ca_file,
         };
         me.serve();
         me
@@ -117,7 +139,12 @@ impl OrbitDev {
             .strip_prefix("listening=")
             .unwrap_or_else(|| panic!("orbit-dev did not start: {line:?}"))
             .to_owned();
-        self.url = format!("http://{addr}");
+        let scheme = if self.ca_file.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        self.url = format!("{scheme}://{addr}");
         self.addr = addr;
         self.child = Some(child);
     }
@@ -181,14 +208,18 @@ impl OrbitDev {
     /// [`OrbitDev::receiver_env`] with the receiver's database at `dsn` (another server, another
     /// node, a proxy).
     pub fn receiver_env_on(&self, dsn: &secret::Secret) -> Vec<(&'static str, String)> {
-        vec![
+        let mut env = vec![
             ("ORBIT_URL", self.url.clone()),
             (
                 "ORBIT_CREDENTIALS_FILE",
                 self.credentials_file.display().to_string(),
             ),
             ("ORBIT_RECEIVER_DSN", dsn.expose().to_owned()),
-        ]
+        ];
+        if let Some(ca) = &self.ca_file {
+            env.push(("ORBIT_CA_FILE", ca.display().to_string()));
+        }
+        env
     }
 
     /// Bootstraps a further credential in namespace `default` for `queue`; its file.
@@ -278,9 +309,13 @@ impl OrbitDev {
             .expect("the inbox reads")
     }
 
-    /// An SDK client with the bootstrap's credential.
+    /// An SDK client with the bootstrap's credential (trusting the platform's CA with TLS).
     pub fn client(&self) -> orbit_sdk::Client {
-        orbit_sdk::Client::new(&self.url, self.credentials().token).expect("a loopback URL")
+        let trust = self.ca_file.as_ref().map(|ca| {
+            orbit_sdk::Trust::load(Some(ca)).unwrap_or_else(|e| panic!("the run's CA: {e}"))
+        });
+        orbit_sdk::Client::with_trust(&self.url, self.credentials().token, trust)
+            .expect("a loopback URL")
     }
 }
 

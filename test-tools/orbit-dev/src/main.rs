@@ -23,7 +23,7 @@ use tokio::sync::Notify;
 const USAGE: &str = "usage:
   orbit-dev serve [--listen 127.0.0.1:8080] [--lease-seconds 30] [--max-attempts 5] [--window 64]
                   [--header-timeout-seconds 10] [--body-timeout-seconds 30] [--max-connections 1024]
-                  [--enable-fault-api]
+                  [--enable-fault-api] [--tls-cert FILE --tls-key FILE]
   orbit-dev bootstrap --application NAME --namespace NAME --environment NAME --queue ID [--event-access] --output PATH [--force]
 
 environment:
@@ -33,7 +33,9 @@ serve: prints `listening=HOST:PORT` on stdout once it accepts connections. Lease
   --lease-seconds (30 by default, the real timing); a delivery gets --max-attempts leases before
   it is EXPIRED; a subscription holds at most --window outstanding deliveries (EXPIRED included).
   --enable-fault-api adds POST /v1/_faults (test-only faults: drop-next-ack-reply,
-  close-stream-after-delivery); without it the endpoint does not exist.
+  close-stream-after-delivery, oversize-next-delivery, …); without it the endpoint does not exist. With --tls-cert (a PEM
+  chain, the server's certificate first) and --tls-key (its PEM private key) it serves HTTPS
+  and WSS only, on the same routes and limits; ORBIT_MYSQL_DSN may carry ssl-mode and ssl-ca.
 bootstrap: creates the namespace and queue if missing and a new credential bound to the queue
   with tasks:submit and tasks:cancel (plus events:read, events:consume, events:manage with
   --event-access); writes it to PATH with mode 0600 and prints where, never the token. PATH's
@@ -110,6 +112,8 @@ struct ServeOptions {
     window: u32,
     fault_api: bool,
     limits: serve::Limits,
+    /// `--tls-cert`, `--tls-key`.
+    tls: Option<(std::path::PathBuf, std::path::PathBuf)>,
 }
 
 fn number(flag: &str, value: Option<&String>, min: u64, max: u64) -> Result<u64, Failure> {
@@ -127,7 +131,9 @@ fn parse_serve(args: &[String]) -> Result<ServeOptions, Failure> {
         window: 64,
         fault_api: false,
         limits: serve::Limits::default(),
+        tls: None,
     };
+    let (mut cert, mut key) = (None, None);
     let mut it = args.iter();
     while let Some(flag) = it.next() {
         match flag.as_str() {
@@ -150,13 +156,36 @@ fn parse_serve(args: &[String]) -> Result<ServeOptions, Failure> {
                 o.limits.max_connections = number(flag, it.next(), 1, 100_000)? as usize
             }
             "--enable-fault-api" => o.fault_api = true,
+            "--tls-cert" | "--tls-key" => {
+                let file = it
+                    .next()
+                    .map(std::path::PathBuf::from)
+                    .ok_or_else(|| usage(&format!("{flag} needs a file")))?;
+                if flag == "--tls-cert" {
+                    cert = Some(file);
+                } else {
+                    key = Some(file);
+                }
+            }
             other => return Err(usage(&format!("unknown argument `{other}`"))),
         }
     }
+    o.tls = match (cert, key) {
+        (Some(cert), Some(key)) => Some((cert, key)),
+        (None, None) => None,
+        _ => return Err(usage("--tls-cert and --tls-key go together")),
+    };
     Ok(o)
 }
 
 async fn serve(o: ServeOptions, dsn: String) -> Result<(), Failure> {
+    // Before the database: a certificate that does not load is the operator's to fix.
+    let tls = o
+        .tls
+        .as_ref()
+        .map(|(cert, key)| serve::tls_config(cert, key))
+        .transpose()
+        .map_err(|e| (2, e))?;
     let pool = db::open(&dsn).await.map_err(|e| (1, e))?;
     let listener = tokio::net::TcpListener::bind(&o.listen)
         .await
@@ -176,6 +205,7 @@ async fn serve(o: ServeOptions, dsn: String) -> Result<(), Failure> {
         drop_next_ack: AtomicBool::new(false),
         stall_next_ack: AtomicBool::new(false),
         close_after_delivery: AtomicBool::new(false),
+        oversize_next_delivery: AtomicBool::new(false),
         skip_next_result_check: AtomicBool::new(false),
         metrics: api::metrics::PlatformMetrics::default(),
     });
@@ -191,7 +221,7 @@ async fn serve(o: ServeOptions, dsn: String) -> Result<(), Failure> {
             tokio::select! { _ = term.recv() => {}, _ = int.recv() => {} }
         }
     };
-    serve::run(listener, app, o.limits, stop)
+    serve::run(listener, app, o.limits, tls, stop)
         .await
         .map_err(|e| (1, format!("server failed: {e}")))
 }

@@ -8,15 +8,22 @@
 //!   listen backlog until one closes.
 //!
 //! A WebSocket stream is an upgraded connection and holds its slot while it lasts.
+//!
+//! With `--tls-cert` and `--tls-key` every connection is TLS first (rustls): HTTPS and WSS on
+//! the same routes, with the same limits; the handshake must finish within the header
+//! timeout.
 
 use std::future::Future;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
+use tokio_rustls::TlsAcceptor;
 
 /// What one client may hold, each a `serve` flag.
 #[derive(Debug, Clone, Copy)]
@@ -39,13 +46,49 @@ impl Default for Limits {
     }
 }
 
+/// The TLS configuration of `--tls-cert` (a PEM chain, the server's certificate first) and
+/// `--tls-key` (a PEM private key); the error names the flag and the file.
+pub fn tls_config(cert: &Path, key: &Path) -> Result<Arc<rustls::ServerConfig>, String> {
+    use rustls_pki_types::pem::PemObject;
+    use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+    let chain = CertificateDer::pem_file_iter(cert)
+        .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
+        .map_err(|e| format!("--tls-cert {}: {e}", cert.display()))?;
+    if chain.is_empty() {
+        return Err(format!(
+            "--tls-cert {}: holds no PEM certificate",
+            cert.display()
+        ));
+    }
+    let private = PrivateKeyDer::from_pem_file(key)
+        .map_err(|e| format!("--tls-key {}: {e}", key.display()))?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| format!("TLS: {e}"))?
+        .with_no_client_auth()
+        .with_single_cert(chain, private)
+        .map_err(|e| {
+            format!(
+                "--tls-cert {} and --tls-key {}: {e}",
+                cert.display(),
+                key.display()
+            )
+        })?;
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(Arc::new(config))
+}
+
 /// Serves `app` on `listener` until `stop` completes; connections still open then are dropped.
+/// With `tls`, every connection is a TLS one.
 pub async fn run(
     listener: TcpListener,
     app: axum::Router,
     limits: Limits,
+    tls: Option<Arc<rustls::ServerConfig>>,
     stop: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
+    let acceptor = tls.map(TlsAcceptor::from);
     let slots = Arc::new(Semaphore::new(limits.max_connections));
     let mut stop = std::pin::pin!(stop);
     loop {
@@ -69,16 +112,36 @@ pub async fn run(
         // No Nagle: deliveries and ACK answers are small frames that must not wait for the
         // client's delayed ACK of the previous one.
         let _ = socket.set_nodelay(true);
-        let service = TowerToHyperService::new(app.clone());
+        let app = app.clone();
+        let acceptor = acceptor.clone();
         tokio::spawn(async move {
-            let connection = hyper::server::conn::http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(limits.header_timeout)
-                .serve_connection(TokioIo::new(socket), service)
-                .with_upgrades();
-            // A client that breaks off or times out ends its connection; nothing to report.
-            let _ = connection.await;
+            match acceptor {
+                None => serve_connection(socket, app, limits).await,
+                Some(acceptor) => {
+                    // A client that does not finish its handshake in time, or fails it (an
+                    // untrusted certificate on its side, say), is dropped without a word.
+                    let handshake =
+                        tokio::time::timeout(limits.header_timeout, acceptor.accept(socket));
+                    if let Ok(Ok(stream)) = handshake.await {
+                        serve_connection(stream, app, limits).await;
+                    }
+                }
+            }
             drop(permit);
         });
     }
+}
+
+/// One HTTP/1.1 connection (upgrades included) on `io`, until it ends.
+async fn serve_connection<S>(io: S, app: axum::Router, limits: Limits)
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let connection = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_timeout)
+        .serve_connection(TokioIo::new(io), TowerToHyperService::new(app))
+        .with_upgrades();
+    // A client that breaks off or times out ends its connection; nothing to report.
+    let _ = connection.await;
 }

@@ -7,7 +7,9 @@
 //! `RESULT_INBOX_RUN=<run id>`, which every process it starts inherits. At the end no process
 //! may carry that variable and no suite directory may hold anything but empty directories;
 //! otherwise the run fails, naming what was left (and removes it). The suites' logs go to
-//! `target/integration-logs/`; a failed suite's log is also printed.
+//! `target/integration-logs/`; a failed suite's log is also printed. A variant runs a suite's
+//! tests again under a name of its own with one `testdb` variable set (`storage-tls`: the
+//! storage suite on a server that speaks only TLS).
 //!
 //! Options: `--jobs N` (suites at once; default 3), `--only SUITE[,SUITE…]`, `--containers`,
 //! and after `--` arguments for every test process (e.g. `-- --include-ignored`).
@@ -55,7 +57,20 @@ const LOCAL_ONLY: &[(&str, &str)] = &[
         "galera",
         "a Galera cluster of local nodes (testdb::Cluster), which the tests pause, kill and cut off",
     ),
+    (
+        "storage-tls",
+        "a local server that speaks only TLS, with certificates made for the run; the storage suite itself runs on the container server",
+    ),
+    (
+        "tls",
+        "local servers that speak only TLS, with certificates made for each test",
+    ),
 ];
+
+/// Suites run a second time, under a name of their own, with one variable set: the name, the
+/// suite, and the variable. `storage-tls` is the storage suite with every connection over
+/// verified TLS to a server that refuses plain TCP (R-TLS-1).
+const VARIANTS: &[(&str, &str, &str)] = &[("storage-tls", "storage", testdb::TESTDB_TLS)];
 
 /// On the container run: suites on the container server whose database-loss tests start a
 /// local server of their own, and why.
@@ -217,6 +232,12 @@ fn run_suite(run: &Run, suite: &str, tests: &[String]) -> Outcome {
                 .env("TMPDIR", &tmp)
                 .env(RUN_VAR, run_id)
                 .envs(backend.map(|b| (testdb::TESTDB_BACKEND, b)))
+                .envs(
+                    VARIANTS
+                        .iter()
+                        .filter(|(name, _, _)| *name == suite)
+                        .map(|(_, _, variable)| (*variable, "1")),
+                )
                 .env(testdb::TESTDB_ANNOUNCE, "1")
                 .stdin(Stdio::null())
                 .stdout(f.try_clone()?)
@@ -226,14 +247,23 @@ fn run_suite(run: &Run, suite: &str, tests: &[String]) -> Outcome {
     let seconds = started.elapsed().as_secs_f64();
     let text = fs::read_to_string(&log).unwrap_or_default();
     let (passed, failed, ignored) = counts(&text);
-    let servers = text
+    let servers: Vec<String> = text
         .lines()
         .filter_map(|l| l.strip_prefix("testdb: server "))
         .map(str::to_owned)
         .collect();
-    let ok = matches!(result, Ok(s) if s.success());
+    let mut ok = matches!(result, Ok(s) if s.success());
     if let Err(e) = &result {
         eprintln!("integration: cannot run suite {suite}: {e}");
+    }
+    // A TLS variant that got a plain server would prove nothing: every server it had must
+    // have been a TLS-only one.
+    let tls_variant = VARIANTS
+        .iter()
+        .any(|(name, _, variable)| *name == suite && *variable == testdb::TESTDB_TLS);
+    if tls_variant && (servers.is_empty() || servers.iter().any(|s| !s.contains("TLS only"))) {
+        eprintln!("integration: suite {suite} must run on TLS-only servers; it had: {servers:?}");
+        ok = false;
     }
     Outcome {
         suite: suite.to_owned(),
@@ -383,6 +413,11 @@ struct Plan {
 fn plan(options: Options) -> Result<Plan, String> {
     let bin = test_binary(options.containers)?;
     let mut suites = suites(&bin)?;
+    for (name, suite, _) in VARIANTS {
+        if let Some(tests) = suites.get(*suite).cloned() {
+            suites.insert((*name).to_owned(), tests);
+        }
+    }
     #[allow(clippy::disallowed_methods)] // the engine's address, for the container run
     let engine = std::env::var_os("DOCKER_HOST");
     if options.containers && engine.is_none() {

@@ -14,3 +14,4 @@ mod outage;
 mod platform;
 mod schema;
 mod storage;
+mod tls;

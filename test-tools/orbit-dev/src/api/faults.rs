@@ -32,7 +32,7 @@ pub(super) struct FaultRequest {
     event_type: Option<String>,
 }
 
-const FAULTS: &str = "drop-next-ack-reply, drop-next-ack, stall-next-ack, close-stream-after-delivery, skip-next-result-check, duplicate-event or forge-event";
+const FAULTS: &str = "drop-next-ack-reply, drop-next-ack, stall-next-ack, close-stream-after-delivery, oversize-next-delivery, skip-next-result-check, duplicate-event or forge-event";
 
 /// The forged event's `occurred_at`: no platform event carries it.
 const FORGED_AT: &str = "2001-02-03T04:05:06Z";
@@ -62,6 +62,7 @@ pub(super) async fn arm_fault(
             ));
         }
         "close-stream-after-delivery" => p.close_after_delivery.store(true, Ordering::SeqCst),
+        "oversize-next-delivery" => p.oversize_next_delivery.store(true, Ordering::SeqCst),
         "skip-next-result-check" => p.skip_next_result_check.store(true, Ordering::SeqCst),
         "duplicate-event" => {
             let Some(event_id) = req.event_id.as_deref() else {

@@ -57,6 +57,8 @@ pub struct Platform {
     pub stall_next_ack: AtomicBool,
     /// Fault: close the stream right after the next delivery is sent.
     pub close_after_delivery: AtomicBool,
+    /// The next delivery sent is padded past any legal size (the oversize-next-delivery fault).
+    pub oversize_next_delivery: AtomicBool,
     /// Fault: accept the next reported result without the canonical form's check (as a
     /// platform that does not validate would), so that a receiver meets a poison event.
     pub skip_next_result_check: AtomicBool,

@@ -62,6 +62,17 @@ pub(super) async fn send(socket: &mut WebSocket, m: &ServerMessage) -> bool {
     }
 }
 
+/// The oversize-next-delivery fault: `m` with a member no client reads, padded to 1 MiB, far
+/// past the largest legal delivery (a 512 KiB event and its envelope).
+async fn send_oversized(socket: &mut WebSocket, m: &ServerMessage) -> bool {
+    let Ok(serde_json::Value::Object(mut fields)) = serde_json::to_value(m) else {
+        return false;
+    };
+    fields.insert("padding".into(), "x".repeat(1024 * 1024).into());
+    let text = serde_json::Value::Object(fields).to_string();
+    socket.send(Message::Text(text.into())).await.is_ok()
+}
+
 async fn serve_stream(p: Shared, sub: String, mut socket: WebSocket) {
     let mut credit: u32 = 0;
     let mut heartbeat = tokio::time::interval(Duration::from_secs(10));
@@ -119,7 +130,12 @@ async fn serve_stream(p: Shared, sub: String, mut socket: WebSocket) {
                     // More may wait than one turn leases.
                     again = credit > 0;
                     for m in &messages {
-                        if !send(&mut socket, m).await {
+                        let sent = if p.oversize_next_delivery.swap(false, Ordering::SeqCst) {
+                            send_oversized(&mut socket, m).await
+                        } else {
+                            send(&mut socket, m).await
+                        };
+                        if !sent {
                             return;
                         }
                         if p.close_after_delivery.swap(false, Ordering::SeqCst) {
