@@ -145,7 +145,7 @@ impl Dsn {
     }
 
     /// Whether the URL asks for a verified or required TLS connection.
-    fn requires_tls(&self) -> bool {
+    pub(crate) fn requires_tls(&self) -> bool {
         self.query.split('&').any(|kv| {
             let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
             k.eq_ignore_ascii_case("ssl-mode")

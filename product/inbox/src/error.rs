@@ -15,8 +15,9 @@ use crate::event::Rejection;
 pub(crate) const ER_DUP_ENTRY: u16 = 1062;
 pub(crate) const ER_LOCK_WAIT_TIMEOUT: u16 = 1205;
 pub(crate) const ER_LOCK_DEADLOCK: u16 = 1213;
-/// "Connections using insecure transport are prohibited": MySQL's number, and MariaDB's.
-const ER_SECURE_TRANSPORT_REQUIRED: [u16; 2] = [3159, 4036];
+/// "Connections using insecure transport are prohibited" (MySQL). MariaDB 10.11 refuses the
+/// same connection as access denied (1045), which [`StorageError::for_dsn`] explains.
+const ER_SECURE_TRANSPORT_REQUIRED: u16 = 3159;
 
 /// Which conflict: the platform sent something that contradicts what is already recorded.
 /// Redelivery will not fix it; a person must look at the source.
@@ -120,12 +121,14 @@ impl StorageError {
 
     /// A refused connection, read with what the DSN asked for: a server that requires TLS
     /// refuses plain TCP, and an account that requires a client certificate refuses one
-    /// without, with the same "access denied" (1045) as a wrong password.
+    /// without, with the same "access denied" (1045) as a wrong password. The hint is given
+    /// only where the DSN makes it likely: TLS turned off, or TLS asked for without a client
+    /// certificate; a plain wrong password on a loopback DSN reads as before.
     pub(crate) fn for_dsn(mut self, dsn: &crate::Dsn) -> Self {
         if self.kind == StorageKind::AccessDenied {
             self.hint = if dsn.tls_disabled() {
                 Some("or, as the DSN sets ssl-mode=DISABLED, the server requires TLS: use ssl-mode=VERIFY_IDENTITY and ssl-ca")
-            } else if !dsn.has_client_certificate() {
+            } else if dsn.requires_tls() && !dsn.has_client_certificate() {
                 Some("or the account requires a client certificate (REQUIRE X509): add ssl-cert and ssl-key")
             } else {
                 None
@@ -148,14 +151,13 @@ impl StorageError {
                     Some(ER_LOCK_DEADLOCK) => StorageKind::Deadlock,
                     Some(ER_LOCK_WAIT_TIMEOUT) => StorageKind::LockWaitTimeout,
                     Some(1146) => StorageKind::SchemaMissing,
-                    Some(n) if ER_SECURE_TRANSPORT_REQUIRED.contains(&n) => {
-                        StorageKind::Tls(TlsProblem::Required)
-                    }
+                    Some(ER_SECURE_TRANSPORT_REQUIRED) => StorageKind::Tls(TlsProblem::Required),
                     Some(1045) => StorageKind::AccessDenied,
                     Some(1044 | 1142 | 1143 | 1227) => StorageKind::PermissionDenied,
-                    // Too many connections, server shutting down, connection killed.
+                    // Too many connections, server shutting down, connection killed
+                    // (MariaDB's 1927, MySQL's 3169), disconnected for inactivity (4031).
                     // Galera: 1047 (the node is not ready), 1180 (commit failed on the node).
-                    Some(1040 | 1047 | 1053 | 1077 | 1180 | 1927 | 4031) => {
+                    Some(1040 | 1047 | 1053 | 1077 | 1180 | 1927 | 3169 | 4031) => {
                         StorageKind::Unavailable
                     }
                     _ => StorageKind::Server,

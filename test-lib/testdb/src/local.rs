@@ -112,9 +112,7 @@ pub(crate) struct ServerTls {
 impl LocalServer {
     /// A plain server, or with `tls` a server that refuses any TCP connection without TLS;
     /// `tls` is called with the server's own directory, to write its certificates there.
-    pub(crate) fn start(
-        tls: Option<MakeTls<'_>>,
-    ) -> Result<LocalServer, Error> {
+    pub(crate) fn start(tls: Option<MakeTls<'_>>) -> Result<LocalServer, Error> {
         let program = find_program()?;
         let root = root_dir();
         fs::create_dir_all(&root)
