@@ -294,7 +294,9 @@ pub enum ApplyError {
     #[error("commit_unconfirmed: COMMIT was sent but its outcome is unknown; apply the event again to resolve it")]
     CommitUnconfirmed,
     /// The apply ran out of its time budget before COMMIT was sent; nothing was committed.
-    #[error("timeout: the apply did not finish within {0:?}; nothing was committed")]
+    // No duration in the text: the log line that carries it has the one that counts
+    // (`duration_ms`, from the delivery's arrival); the budget is the variant's value.
+    #[error("timeout: the apply ran out of its time budget before COMMIT; nothing was committed")]
     Timeout(Duration),
     /// The database failed; nothing was committed.
     #[error("storage_error: {0}")]

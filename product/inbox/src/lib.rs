@@ -34,5 +34,6 @@ pub use error::{ApplyError, Conflict, StorageError, StorageKind};
 pub use event::{Rejected, Rejection, TaskEvent, TaskState};
 pub use identity::{ConsumerName, EventId, QueueId, TaskId};
 pub use store::{
-    Applied, BusinessWrite, Outcome, Receipt, Store, StoreOptions, WriteFuture, APPLY_TIMEOUT,
+    Applied, BusinessWrite, HealthProbe, Outcome, Receipt, Retries, RetryReason, Store,
+    StoreOptions, WriteFuture, APPLY_TIMEOUT,
 };

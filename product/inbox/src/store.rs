@@ -366,6 +366,108 @@ pub struct Applied {
     /// Transactions restarted inside this apply after a definite rollback (a deadlock, a lock
     /// wait timeout, an error in reply to COMMIT, a connection lost before COMMIT).
     pub retries: u32,
+    /// The same restarts, by why each was needed.
+    pub reasons: Retries,
+}
+
+/// A connection of its own for [`Store::check`], outside the pool: a health probe never waits
+/// behind applies for a connection, and applies never wait behind it.
+#[derive(Default)]
+pub struct HealthProbe {
+    conn: Option<crate::pool::Conn>,
+}
+
+impl fmt::Debug for HealthProbe {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HealthProbe")
+            .field("connected", &self.conn.is_some())
+            .finish()
+    }
+}
+
+/// Why a transaction was restarted inside an apply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RetryReason {
+    /// 1213 on a statement before COMMIT: InnoDB chose this transaction as a deadlock's victim
+    /// (on Galera, also a brute-force abort of a running statement).
+    Deadlock,
+    /// 1205: a lock was not granted in time.
+    LockWait,
+    /// 1213 in reply to COMMIT: on Galera, a certification failure or a brute-force abort at
+    /// commit (a single InnoDB server does not deadlock at COMMIT).
+    Certification,
+    /// Any other definite failure in reply to COMMIT (Galera's 1180, say).
+    CommitError,
+    /// The connection broke or the server refused service before COMMIT was sent.
+    Unavailable,
+}
+
+impl RetryReason {
+    /// Every reason, in a fixed order.
+    pub const ALL: [RetryReason; 5] = [
+        RetryReason::Deadlock,
+        RetryReason::LockWait,
+        RetryReason::Certification,
+        RetryReason::CommitError,
+        RetryReason::Unavailable,
+    ];
+
+    /// The stable lowercase name (a metric label).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RetryReason::Deadlock => "deadlock",
+            RetryReason::LockWait => "lock_wait",
+            RetryReason::Certification => "certification",
+            RetryReason::CommitError => "commit_error",
+            RetryReason::Unavailable => "unavailable",
+        }
+    }
+
+    /// Why `e` was retried, given whether it answered COMMIT.
+    fn of(e: &StorageError, at_commit: bool) -> RetryReason {
+        match (e.kind(), at_commit) {
+            (StorageKind::Deadlock, true) => RetryReason::Certification,
+            (StorageKind::Deadlock, false) => RetryReason::Deadlock,
+            (StorageKind::LockWaitTimeout, _) => RetryReason::LockWait,
+            (_, true) => RetryReason::CommitError,
+            _ => RetryReason::Unavailable,
+        }
+    }
+}
+
+/// Restarts counted by reason.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Retries([u32; 5]);
+
+impl FromIterator<RetryReason> for Retries {
+    fn from_iter<I: IntoIterator<Item = RetryReason>>(reasons: I) -> Retries {
+        let mut r = Retries::default();
+        for reason in reasons {
+            r.add(reason);
+        }
+        r
+    }
+}
+
+impl Retries {
+    /// How many restarts had `reason`.
+    pub fn count(&self, reason: RetryReason) -> u32 {
+        self.0[reason as usize]
+    }
+
+    /// All restarts.
+    pub fn total(&self) -> u32 {
+        self.0.iter().sum()
+    }
+
+    fn add(&mut self, reason: RetryReason) {
+        self.0[reason as usize] += 1;
+    }
+
+    /// Each reason with its count, zeros included.
+    pub fn iter(&self) -> impl Iterator<Item = (RetryReason, u32)> + '_ {
+        RetryReason::ALL.into_iter().map(|r| (r, self.count(r)))
+    }
 }
 
 /// Connection options every store connection gets: UTC session time zone (READ COMMITTED is
@@ -441,6 +543,32 @@ impl Store {
         }
     }
 
+    /// Whether the database serves this store now, on `probe`'s own connection (kept between
+    /// calls, opened again after a failure), within `within`. Cheap enough to call every
+    /// half second: one statement that reads no row.
+    pub async fn check(
+        &self,
+        probe: &mut HealthProbe,
+        within: Duration,
+    ) -> Result<(), StorageError> {
+        let attempt = async {
+            let conn = match &mut probe.conn {
+                Some(conn) => conn,
+                slot => slot.insert(self.pool.open().await?),
+            };
+            conn.raw.execute(SCHEMA_CHECK).await.map(|_| ())
+        };
+        let result = match tokio::time::timeout(within, attempt).await {
+            Ok(result) => result.map_err(storage),
+            Err(_) => Err(StorageError::not_answering()),
+        };
+        if result.is_err() {
+            // A connection that failed or hung is not trusted again: the next check opens one.
+            probe.conn = None;
+        }
+        result
+    }
+
     /// Records `event` and advances its task's view, with no writes of the caller's.
     pub async fn apply(&self, event: &TaskEvent) -> Result<Outcome, ApplyError> {
         self.apply_with(event, &NoWrite).await
@@ -474,6 +602,7 @@ impl Store {
             return Applied {
                 result: Err(ApplyError::Rejected(Rejection::QueueMismatch)),
                 retries: 0,
+                reasons: Retries::default(),
             };
         }
         let started = Instant::now();
@@ -486,33 +615,41 @@ impl Store {
         let work_end = end.checked_sub(reserve).unwrap_or(end);
         let mut backoff = backoff::Backoff::new(RETRY_FIRST_WAIT, RETRY_MAX_WAIT);
         let mut retries = 0;
+        let mut reasons = Retries::default();
         loop {
-            let result = self.attempt(event, write, work_end, allowed).await;
+            let (result, at_commit) = self.attempt(event, write, work_end, allowed).await;
             let again = match &result {
-                Err(ApplyError::Storage(e)) => e.is_retryable(),
-                _ => false,
+                Err(ApplyError::Storage(e)) if e.is_retryable() => {
+                    Some(RetryReason::of(e, at_commit))
+                }
+                _ => None,
             };
             let pause = backoff.next_wait();
-            if !again || Instant::now() + pause >= work_end {
-                return Applied { result, retries };
-            }
+            let Some(reason) = again.filter(|_| Instant::now() + pause < work_end) else {
+                return Applied {
+                    result,
+                    retries,
+                    reasons,
+                };
+            };
             tokio::time::sleep(pause).await;
             retries += 1;
+            reasons.add(reason);
         }
     }
 
-    /// One transaction, on one connection, ended by `end`.
+    /// One transaction, on one connection, ended by `end`; and whether COMMIT was sent.
     async fn attempt(
         &self,
         event: &TaskEvent,
         write: &dyn BusinessWrite,
         end: Instant,
         budget: Duration,
-    ) -> Result<Outcome, ApplyError> {
+    ) -> (Result<Outcome, ApplyError>, bool) {
         let mut conn = match tokio::time::timeout_at(end, self.pool.acquire()).await {
             Ok(Ok(conn)) => conn,
-            Ok(Err(e)) => return Err(e.into()),
-            Err(_) => return Err(ApplyError::Timeout(budget)),
+            Ok(Err(e)) => return (Err(e.into()), false),
+            Err(_) => return (Err(ApplyError::Timeout(budget)), false),
         };
         let commit_sent = AtomicBool::new(false);
         let ran = tokio::time::timeout_at(
@@ -520,19 +657,21 @@ impl Store {
             self.run_transaction(&mut conn, event, write, &commit_sent),
         )
         .await;
-        match ran {
+        let at_commit = commit_sent.load(Ordering::SeqCst);
+        let result = match ran {
             Ok(result) => result,
             // Out of time mid-statement: end the statement and its transaction on the server
             // (the lock it waits for or holds) before answering.
             Err(_) => {
                 conn.abandon().await;
-                if commit_sent.load(Ordering::SeqCst) {
+                if at_commit {
                     Err(ApplyError::CommitUnconfirmed)
                 } else {
                     Err(ApplyError::Timeout(budget))
                 }
             }
-        }
+        };
+        (result, at_commit)
     }
 
     /// The transaction and what follows it on the same connection: the duplicate's verdict,

@@ -230,7 +230,7 @@ pub async fn run_with(
         );
     }
     let gate = CreditGate::new();
-    let outage = Outage::new(store.clone(), gate.clone(), metrics.clone());
+    let outage = Outage::start(store.clone(), gate.clone(), metrics.clone());
     let consumer = {
         let store = store.clone();
         let consumer = (seams.consumer)(

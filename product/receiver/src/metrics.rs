@@ -34,6 +34,11 @@ struct OutcomeLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabel {
+    reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ResultLabel {
     result: String,
 }
@@ -46,7 +51,7 @@ struct Inner {
     registry: Registry,
     events: Family<OutcomeLabel, Counter>,
     apply_seconds: Histogram,
-    retries: Counter,
+    retries: Family<ReasonLabel, Counter>,
     in_flight: Gauge,
     held: Gauge,
     database_up: Gauge,
@@ -87,10 +92,17 @@ impl Metrics {
             "Time from a delivery's arrival to its apply's answer",
             apply_seconds.clone(),
         );
-        let retries = Counter::default();
+        let retries = Family::<ReasonLabel, Counter>::default();
+        // Every reason from the start, at 0: a dashboard or an alert finds the series before
+        // the first retry.
+        for reason in result_inbox::RetryReason::ALL {
+            let _ = retries.get_or_create(&ReasonLabel {
+                reason: reason.as_str(),
+            });
+        }
         registry.register(
             "apply_retries",
-            "Transactions restarted inside an apply after a definite rollback",
+            "Transactions restarted inside an apply after a definite rollback, by reason: deadlock, lock_wait, certification (1213 in reply to COMMIT: Galera), commit_error, unavailable",
             retries.clone(),
         );
         let in_flight = Gauge::default();
@@ -155,7 +167,14 @@ impl Metrics {
             })
             .inc();
         inner.apply_seconds.observe(took.as_secs_f64());
-        inner.retries.inc_by(u64::from(h.retries));
+        for (reason, n) in h.reasons.iter().filter(|(_, n)| *n > 0) {
+            inner
+                .retries
+                .get_or_create(&ReasonLabel {
+                    reason: reason.as_str(),
+                })
+                .inc_by(u64::from(n));
+        }
         if h.classification == crate::delivery::Classification::Applied {
             let now = SystemTime::now()
                 .duration_since(UNIX_EPOCH)
@@ -177,6 +196,11 @@ impl Metrics {
     /// Whether new deliveries are held, and whether the database answers.
     pub fn database(&self, up: bool, holding: bool) {
         self.0.database_up.set(i64::from(up));
+        self.0.held.set(i64::from(holding));
+    }
+
+    /// Whether new deliveries are held (an apply's suspicion, before a probe decides).
+    pub fn holding(&self, holding: bool) {
         self.0.held.set(i64::from(holding));
     }
 
@@ -244,12 +268,15 @@ async fn readyz(State(m): State<Metrics>) -> impl IntoResponse {
 mod tests {
     use super::*;
     use crate::delivery::{Classification, Handled};
+    use result_inbox::RetryReason;
 
-    fn handled(classification: Classification, retries: u32) -> Handled {
+    fn handled(classification: Classification, reasons: &[RetryReason]) -> Handled {
+        let reasons: result_inbox::Retries = reasons.iter().copied().collect();
         Handled {
             classification,
             event_id: Some("evt-secret-id".into()),
-            retries,
+            retries: reasons.total(),
+            reasons,
             detail: None,
             suspect_database: false,
         }
@@ -258,11 +285,12 @@ mod tests {
     #[test]
     fn counts_by_classification_without_ids() {
         let m = Metrics::new();
+        let deadlock_and_certification = [RetryReason::Deadlock, RetryReason::Certification];
         for (c, r) in [
-            (Classification::Applied, 2),
-            (Classification::Applied, 0),
-            (Classification::Duplicate, 0),
-            (Classification::Rejected("too_deep"), 0),
+            (Classification::Applied, &deadlock_and_certification[..]),
+            (Classification::Applied, &[RetryReason::Certification][..]),
+            (Classification::Duplicate, &[][..]),
+            (Classification::Rejected("too_deep"), &[][..]),
         ] {
             m.started();
             m.handled(&handled(c, r), Duration::from_millis(3));
@@ -275,7 +303,10 @@ mod tests {
             "receiver_events_total{outcome=\"duplicate\"} 1",
             "receiver_events_total{outcome=\"rejected:too_deep\"} 1",
             "receiver_apply_seconds_count 4",
-            "receiver_apply_retries_total 2",
+            "receiver_apply_retries_total{reason=\"deadlock\"} 1",
+            "receiver_apply_retries_total{reason=\"certification\"} 2",
+            "receiver_apply_retries_total{reason=\"lock_wait\"} 0",
+            "receiver_apply_retries_total{reason=\"unavailable\"} 0",
             "receiver_in_flight 0",
             "receiver_database_up 0",
             "receiver_deliveries_held 1",

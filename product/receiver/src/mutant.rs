@@ -166,6 +166,7 @@ fn apply<'a>(
                     classification: Classification::Applied,
                     event_id: None,
                     retries: 0,
+                    reasons: Default::default(),
                     detail: None,
                     suspect_database: false,
                 }
@@ -210,7 +211,7 @@ fn apply<'a>(
                         consumer: store.consumer().as_str().to_owned(),
                     };
                     let applied = store.apply_until(&event, &write, Some(deadline)).await;
-                    Handled::of(&event, &applied.result, applied.retries)
+                    Handled::of(&event, &applied.result, applied.reasons)
                 }
                 Err(rejected) => rejected,
             },
@@ -292,6 +293,7 @@ async fn split_commit(
         classification,
         event_id: Some(event.id().as_str().to_owned()),
         retries: 0,
+        reasons: Default::default(),
         detail: view.err().map(|e| e.to_string()),
         suspect_database: false,
     }

@@ -1,42 +1,51 @@
-//! Backpressure while the receiver's database is down: stop taking deliveries, probe, resume.
+//! Backpressure and readiness while the receiver's database is down: a probe on a connection
+//! of its own, every half second, decides; deliveries are held while it fails.
 //!
 //! A delivery taken while the database cannot answer would fail after its whole budget and
-//! spend a lease and an attempt for nothing. So when an apply fails in a way that may mean the
-//! database as a whole is gone (unavailable, no answer within the budget, COMMIT unanswered),
-//! [`Outage::suspect`] holds the consumer's credit (the platform then sends nothing new) and
-//! probes the database on a new connection, with a capped, jittered backoff. Deliveries already
-//! in flight end as they would anyway. When a probe fails, one line says so
-//! (`database unavailable: holding deliveries (…)`); when one succeeds, one line says how long
-//! it lasted (`database back after N s`) and credit flows again. A failure the first probe
-//! contradicts (a lock held elsewhere, say) costs a pause of one probe and prints nothing.
+//! spend a lease and an attempt for nothing, and an orchestrator reading `/readyz` would keep
+//! sending work to a receiver that can do none. So a health probe ([`Store::check`]: one
+//! statement that reads no row, on its own connection, at most [`PROBE_TIMEOUT`]) runs every
+//! [`HEALTH_PERIOD`], whatever the in-flight applies are doing. A stopped server fails it by
+//! timeout, a dead one by refusal, a Galera node outside the primary component by 1047: within
+//! 1.5 s either way. While it fails, `receiver_database_up` is 0 (so `/readyz` answers 503) and
+//! the consumer's credit is held (the platform sends nothing new); deliveries in flight end as
+//! they would anyway. The first failure logs one line (`database unavailable: holding
+//! deliveries (…)`); the first success after it logs one line with the time since the first
+//! failure (`database back after N s`), and credit flows again.
+//!
+//! An apply that fails in a way that may mean the whole database is gone
+//! ([`Outage::suspect`]) holds credit at once and asks for a probe now; if that probe
+//! succeeds (a lock held elsewhere, say) the pause ends silently.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use backoff::Backoff;
 use orbit_sdk::CreditGate;
-use result_inbox::{StorageError, Store};
+use result_inbox::{HealthProbe, StorageError, Store};
+use tokio::sync::Notify;
 
 use crate::metrics::Metrics;
 use tokio::time::Instant;
 
 /// How long one probe may take before the database counts as not answering.
 pub const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
-/// The first wait between failed probes; it doubles up to [`PROBE_MAX_WAIT`].
+/// How often the health probe runs, up or down.
+pub const HEALTH_PERIOD: Duration = Duration::from_millis(500);
+/// The first wait between failed attempts at start; it doubles up to [`PROBE_MAX_WAIT`].
 pub const PROBE_FIRST_WAIT: Duration = Duration::from_millis(250);
-/// The longest wait between two probes.
+/// The longest wait between two attempts to connect at start.
 pub const PROBE_MAX_WAIT: Duration = Duration::from_secs(5);
 
-/// Holds deliveries back while the database is down. Cloning shares the state.
+/// Holds deliveries back, and readiness down, while the database is down. Cloning shares the
+/// state; the probe runs as long as the process.
 #[derive(Clone)]
 pub struct Outage(Arc<Inner>);
 
 impl std::fmt::Debug for Outage {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Outage")
-            .field("probing", &self.0.probing.load(Ordering::SeqCst))
             .field("holding", &self.0.gate.is_held())
             .finish()
     }
@@ -45,55 +54,96 @@ impl std::fmt::Debug for Outage {
 struct Inner {
     store: Arc<Store>,
     gate: CreditGate,
-    probing: AtomicBool,
     metrics: Metrics,
+    state: Mutex<State>,
+    /// Wakes the probe before its period (an apply's suspicion).
+    wake: Notify,
+}
+
+/// What the probe and the applies have seen since the last success.
+#[derive(Default)]
+struct State {
+    /// The first failure (a failed probe, or a suspicious apply) since the last success.
+    first_failure: Option<Instant>,
+    /// Whether the "database unavailable" line was logged for this outage.
+    announced: bool,
 }
 
 impl Outage {
-    /// Watches `store`, holding `gate` during an outage and saying so in `metrics`.
-    pub fn new(store: Arc<Store>, gate: CreditGate, metrics: Metrics) -> Outage {
-        Outage(Arc::new(Inner {
+    /// Watches `store`, holding `gate` during an outage and saying so in `metrics`; starts the
+    /// health probe.
+    pub fn start(store: Arc<Store>, gate: CreditGate, metrics: Metrics) -> Outage {
+        let outage = Outage(Arc::new(Inner {
             store,
             gate,
-            probing: AtomicBool::new(false),
             metrics,
-        }))
+            state: Mutex::new(State::default()),
+            wake: Notify::new(),
+        }));
+        let inner = outage.0.clone();
+        tokio::spawn(async move { inner.probe_forever().await });
+        outage
     }
 
-    /// A failure that may mean the database is gone: hold new deliveries and probe, unless a
-    /// probe is already under way. Returns at once.
+    /// A failure that may mean the database is gone: hold new deliveries now and probe at
+    /// once. Returns at once.
     pub fn suspect(&self) {
-        if self.0.probing.swap(true, Ordering::SeqCst) {
-            return;
-        }
+        let now = Instant::now();
+        self.0
+            .state
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .first_failure
+            .get_or_insert(now);
         self.0.gate.hold();
-        self.0.metrics.database(true, true);
-        let inner = self.0.clone();
-        tokio::spawn(async move { inner.probe_until_back().await });
+        self.0.metrics.holding(true);
+        self.0.wake.notify_one();
     }
 }
 
 impl Inner {
-    async fn probe_until_back(&self) {
-        // A probe that fails for any reason counts: the database is not serving this store.
-        let _ = wait_for_database(
-            || self.store.probe(PROBE_TIMEOUT),
-            |_| true,
-            || self.metrics.database(false, true),
-            Lines {
-                waiting: |e| {
-                    format!(
-                        "database unavailable: holding deliveries ({e}); probing it every {} s at most",
-                        PROBE_MAX_WAIT.as_secs()
-                    )
-                },
-                back: |s| format!("database back after {s} s: taking deliveries again"),
-            },
-        )
-        .await;
-        self.probing.store(false, Ordering::SeqCst);
-        self.metrics.database(true, false);
-        self.gate.release();
+    async fn probe_forever(&self) {
+        let mut probe = HealthProbe::default();
+        loop {
+            let result = self.store.check(&mut probe, PROBE_TIMEOUT).await;
+            self.record(result);
+            // A suspicion while this probe ran leaves a permit: the next probe starts at once.
+            tokio::select! {
+                () = tokio::time::sleep(HEALTH_PERIOD) => {}
+                () = self.wake.notified() => {}
+            }
+        }
+    }
+
+    fn record(&self, result: Result<(), StorageError>) {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        match result {
+            Ok(()) => {
+                if let Some(first) = state.first_failure.take() {
+                    if state.announced {
+                        tracing::info!(
+                            "database back after {} s: taking deliveries again",
+                            first.elapsed().as_secs()
+                        );
+                    }
+                    state.announced = false;
+                    self.gate.release();
+                }
+                self.metrics.database(true, false);
+            }
+            Err(e) => {
+                state.first_failure.get_or_insert_with(Instant::now);
+                self.gate.hold();
+                self.metrics.database(false, true);
+                if !state.announced {
+                    tracing::warn!(
+                        "database unavailable: holding deliveries ({e}); probing it every {} ms",
+                        HEALTH_PERIOD.as_millis()
+                    );
+                    state.announced = true;
+                }
+            }
+        }
     }
 }
 

@@ -235,6 +235,48 @@ impl Consumer {
         self.proc.output()
     }
 
+    /// Where consume serves its metrics (it was started with `RECEIVER_METRICS_LISTEN`), from
+    /// its `metrics: serving … listen=ADDR` line; waits up to 10 s for it.
+    pub async fn metrics_addr(&self) -> String {
+        let mut addr = String::new();
+        crate::eventually(
+            Duration::from_secs(10),
+            "the metrics address in the log",
+            || {
+                addr = self
+                    .output()
+                    .lines()
+                    .find(|l| l.contains("metrics: serving"))
+                    .and_then(|l| l.split("listen=").nth(1))
+                    .map(|a| a.trim().to_owned())
+                    .unwrap_or_default();
+                let found = !addr.is_empty();
+                async move { found }
+            },
+        )
+        .await;
+        addr
+    }
+
+    /// How long after now `/readyz` on `addr` first answers 200 (`ready`) or 503 (not), polled
+    /// every 50 ms; panics after `within` with the last answer.
+    pub async fn readiness_becomes(addr: &str, ready: bool, within: Duration) -> Duration {
+        let started = std::time::Instant::now();
+        let want = if ready { 200 } else { 503 };
+        loop {
+            let (status, text) = crate::http_raw(addr, "GET", "/readyz", None, None);
+            if status == want {
+                return started.elapsed();
+            }
+            assert!(
+                started.elapsed() < within,
+                "/readyz still answered {status} ({}) after {within:?}",
+                text.trim()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     /// Every barrier hit reported so far.
     pub fn hits(&self) -> Vec<Hit> {
         fs::read_to_string(&self.report)

@@ -133,6 +133,13 @@ async fn an_error_reply_to_commit_armed_twice_is_retried_inside_the_apply() {
         .await;
     assert_eq!(applied.result.unwrap(), Outcome::Applied);
     assert_eq!(applied.retries, 2);
+    // Counted as certification failures (1213 in reply to COMMIT), not as deadlocks.
+    let reasons = applied.reasons;
+    assert_eq!(
+        reasons.count(result_inbox::RetryReason::Certification),
+        2,
+        "{reasons:?}"
+    );
     assert_eq!(rule.firings().len(), 2);
     assert_eq!(rdb.scalar("SELECT COUNT(*) FROM receiver_inbox").await, 1);
     assert_eq!(

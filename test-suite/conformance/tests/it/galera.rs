@@ -266,9 +266,18 @@ async fn the_same_event_on_two_nodes_at_once_is_applied_once_and_the_other_is_a_
         "the duplicate came from a retry after the certification failure, not from waiting: {} retries",
         loser.retries
     );
+    assert!(
+        loser
+            .reasons
+            .count(result_inbox::RetryReason::Certification)
+            + loser.reasons.count(result_inbox::RetryReason::Deadlock)
+            >= 1,
+        "a certification failure or a brute-force abort: {:?}",
+        loser.reasons
+    );
     note(format_args!(
-        "same event on two nodes: retries {} and {}",
-        ra.retries, rb.retries
+        "same event on two nodes: retries {} and {} ({:?}, {:?})",
+        ra.retries, rb.retries, ra.reasons, rb.reasons
     ));
     for node in 0..3 {
         assert_eq!(
@@ -705,4 +714,64 @@ async fn two_consumers_on_two_nodes_through_a_node_kill_and_an_isolation_lose_an
                 .get(0);
         assert_eq!(behind, 0, "node {}: every view at version 3", node + 1);
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readiness_follows_a_stopped_or_non_primary_node_within_two_seconds() {
+    let _serial = SERIAL.lock().await;
+    let Some(c) = OnCluster::new().await else {
+        return;
+    };
+    let orbit = OrbitDev::start_with(c.node(0).provision().await.unwrap(), &[]);
+    let sub = orbit
+        .client()
+        .create_subscription(QUEUE, &["task.cancelled"])
+        .await
+        .unwrap();
+    let mut env = consume_env(&orbit, &c, 1, &sub.id);
+    env.push(("RECEIVER_METRICS_LISTEN", "127.0.0.1:0".into()));
+    let consumer = Consumer::normal(&env);
+    let addr = consumer.metrics_addr().await;
+    Consumer::readiness_becomes(&addr, true, Duration::from_secs(30)).await;
+    let limit = Duration::from_secs(2);
+
+    // The consumer's node stops answering (a hung host).
+    let node = c.node(1);
+    node.pause().expect("node 2 paused");
+    let down = Consumer::readiness_becomes(&addr, false, Duration::from_secs(10)).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    node.resume().expect("node 2 resumed");
+    let up = Consumer::readiness_becomes(&addr, true, Duration::from_secs(30)).await;
+    node.wait_synced().expect("node 2 Synced again");
+
+    // The node leaves the primary component: it still answers, with 1047.
+    node.isolate(true).expect("node 2 isolated");
+    let rejoin = Rejoin(node);
+    let non_primary = Consumer::readiness_becomes(&addr, false, Duration::from_secs(10)).await;
+    node.isolate(false).expect("node 2 rejoined");
+    let back = Consumer::readiness_becomes(&addr, true, Duration::from_secs(30)).await;
+    drop(rejoin);
+    note(format_args!(
+        "readiness: {:.2} s after SIGSTOP, {:.2} s after SIGCONT, {:.2} s after non-Primary, {:.2} s after Synced",
+        down.as_secs_f64(),
+        up.as_secs_f64(),
+        non_primary.as_secs_f64(),
+        back.as_secs_f64()
+    ));
+    let output = consumer.stop().await;
+    assert!(
+        down <= limit,
+        "not ready only {down:?} after the node stopped"
+    );
+    assert!(
+        non_primary <= limit,
+        "not ready only {non_primary:?} after the node went non-Primary"
+    );
+    assert!(
+        back <= limit,
+        "ready only {back:?} after the node was Synced"
+    );
+    // After SIGCONT a node answers once the cluster has it back; readiness follows that, not
+    // the signal: a bound on `up` would measure Galera.
+    assert!(up < Duration::from_secs(30), "{output}");
 }

@@ -74,23 +74,7 @@ async fn consume_counts_every_outcome_and_reports_the_database_and_readiness() {
     let platform = Pid::from_raw(orbit.pid() as i32);
     kill(platform, Signal::SIGSTOP).unwrap();
     let consumer = Consumer::normal(&env);
-    let mut addr = String::new();
-    eventually(
-        Duration::from_secs(10),
-        "the metrics address in the log",
-        || {
-            addr = consumer
-                .output()
-                .lines()
-                .find(|l| l.contains("metrics: serving"))
-                .and_then(|l| l.split("listen=").nth(1))
-                .map(|a| a.trim().to_owned())
-                .unwrap_or_default();
-            let found = !addr.is_empty();
-            async move { found }
-        },
-    )
-    .await;
+    let addr = consumer.metrics_addr().await;
     assert_eq!(http_raw(&addr, "GET", "/healthz", None, None).0, 200);
     let (status, text) = http_raw(&addr, "GET", "/readyz", None, None);
     assert_eq!(status, 503, "{text}");
@@ -178,7 +162,16 @@ async fn consume_counts_every_outcome_and_reports_the_database_and_readiness() {
     assert_eq!(value(&m, "receiver_apply_seconds_count"), 6.0);
     assert_eq!(value(&m, "receiver_ack_total{result=acked}"), 5.0);
     assert_eq!(value(&m, "receiver_in_flight"), 0.0);
-    assert_eq!(value(&m, "receiver_apply_retries_total"), 0.0);
+    for reason in [
+        "deadlock",
+        "lock_wait",
+        "certification",
+        "commit_error",
+        "unavailable",
+    ] {
+        let key = format!("receiver_apply_retries_total{{reason={reason}}}");
+        assert_eq!(value(&m, &key), 0.0, "{key}");
+    }
     assert_eq!(value(&m, "receiver_database_up"), 1.0);
     assert_eq!(value(&m, "receiver_deliveries_held"), 0.0);
     let last = value(&m, "receiver_last_applied_timestamp_seconds");

@@ -143,3 +143,72 @@ async fn at_concurrency_16_a_stopped_database_spends_no_attempt_of_what_was_leas
 async fn a_restarted_database_holds_queued_deliveries_without_spending_their_attempts() {
     run(Outage::Restarted, receiver::config::DEFAULT_CONCURRENCY).await;
 }
+
+/// The longest `/readyz` may trail the database (R-OPS-3).
+const READINESS: Duration = Duration::from_secs(2);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readiness_follows_a_stopped_database_within_two_seconds_whatever_applies_do() {
+    let own = OwnServerReceiver::start(&["--lease-seconds", "10"], &["task.cancelled"]).await;
+    let (server, client) = (&own.server, &own.client);
+    let mut env = own.env.clone();
+    env.push(("RECEIVER_METRICS_LISTEN", "127.0.0.1:0".into()));
+    let consumer = Consumer::normal(&env);
+    let addr = consumer.metrics_addr().await;
+    Consumer::readiness_becomes(&addr, true, Duration::from_secs(20)).await;
+
+    // Deliveries arrive as the server stops: some applies are in flight, and will wait out
+    // their whole budget; readiness must not wait for them.
+    for _ in 0..4 {
+        cancelled_task(client).await;
+    }
+    let pid = Pid::from_raw(server.pid().expect("a local server runs") as i32);
+    let resume = ContinueOnDrop(pid);
+    kill(pid, Signal::SIGSTOP).unwrap();
+    let down = Consumer::readiness_becomes(&addr, false, Duration::from_secs(10)).await;
+    let scraped = conformance::http_raw(&addr, "GET", "/metrics", None, None).1;
+    assert!(
+        scraped.lines().any(|l| l == "receiver_database_up 0"),
+        "{scraped}"
+    );
+    assert!(
+        scraped.lines().any(|l| l == "receiver_deliveries_held 1"),
+        "{scraped}"
+    );
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    drop(resume);
+    let up = Consumer::readiness_becomes(&addr, true, Duration::from_secs(10)).await;
+    eprintln!(
+        "outage: not ready {:.2} s after SIGSTOP, ready {:.2} s after SIGCONT",
+        down.as_secs_f64(),
+        up.as_secs_f64()
+    );
+    assert!(down <= READINESS, "not ready only {down:?} after SIGSTOP");
+    assert!(up <= READINESS, "ready only {up:?} after SIGCONT");
+
+    // The outage line counts from the first failure, which readiness saw within 2 s of the
+    // stop: so from at least 2 s of the 4 s, to at most the 4 s plus the 2 s it took back.
+    eventually(Duration::from_secs(10), "the outage line", || {
+        let seen = consumer.output().contains("database back after ");
+        async move { seen }
+    })
+    .await;
+    let output = consumer.stop().await;
+    let seconds: u64 = output
+        .split("database back after ")
+        .nth(1)
+        .and_then(|rest| rest.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no duration in the outage line: {output}"));
+    assert!(
+        (2..=6).contains(&seconds),
+        "back after {seconds} s: {output}"
+    );
+    assert_eq!(
+        output
+            .matches("database unavailable: holding deliveries")
+            .count(),
+        1,
+        "{output}"
+    );
+}
