@@ -72,6 +72,7 @@ integration-containers: deps build fault-build mutant-build release ## The suite
 containers-inside:
 	$(CARGO) run -q -p conformance --features container --bin integration -- --containers $(INTEGRATION_ARGS)
 	$(CARGO) run -q -p conformance --features container --bin conformance -- run --receiver target/debug/receiver --junit target/kit/report-containers.xml
+	$(CARGO) test -q -p conformance --features container --test it -- --ignored --exact deploy::the_receiver_image_runs_the_demo_end_to_end --nocapture
 
 demo: deps build ## The whole demo: temporary MySQL, orbit-dev, receiver init and demo
 	$(CARGO) run -q -p conformance --bin demo

@@ -65,6 +65,10 @@ const LOCAL_ONLY: &[(&str, &str)] = &[
         "tls",
         "local servers that speak only TLS, with certificates made for each test",
     ),
+    (
+        "deploy",
+        "its Prometheus test stops (SIGSTOP) the receiver's own local server; the receiver's image is run after the suites, on the container server",
+    ),
 ];
 
 /// Suites run a second time, under a name of their own, with one variable set: the name, the

@@ -6,6 +6,7 @@ mod cli;
 mod commit_lost;
 mod commit_proxy;
 mod demo;
+mod deploy;
 mod faults;
 mod galera;
 mod inspect;
