@@ -113,6 +113,10 @@ pub async fn consume(
         consumer: |consumer| {
             if is(Mutant::ForgetsLostAcks) {
                 consumer.forget_unanswered_acks()
+            } else if is(Mutant::NoOutageHold) {
+                // A gate of its own, which nothing holds: the health probe's and the applies'
+                // holds no longer reach the stream.
+                consumer.credit_gate(orbit_sdk::CreditGate::new())
             } else {
                 consumer
             }
@@ -142,7 +146,6 @@ pub async fn consume(
 /// - [`Mutant::NoEventQueueCheck`] applies the event as if it named the configured queue;
 /// - [`Mutant::LostUpdate`] also writes the view from a read made before the transaction;
 /// - [`Mutant::SplitCommit`] commits the inbox row and the view apart ([`split_commit`]);
-/// - [`Mutant::NoOutageHold`] never reports a suspect database, so consume never holds;
 /// - the others apply as the program does (their changes are in the store's statements).
 fn apply<'a>(
     store: &'a Store,
@@ -229,10 +232,6 @@ fn apply<'a>(
                     _ => h,
                 }
             }
-            Some(Mutant::NoOutageHold) => Handled {
-                suspect_database: false,
-                ..apply_raw(store, raw, Some(deadline)).await.1
-            },
             _ => apply_raw(store, raw, Some(deadline)).await.1,
         }
     })
