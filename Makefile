@@ -7,7 +7,7 @@ CARGO ?= cargo
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
 
-deps: ## Install what a fresh machine lacks (Debian's mariadb-server when no mysqld/mariadbd)
+deps: ## Install what a fresh machine lacks (Debian's mariadb-server, galera-4; Prometheus unpacked into target/tools)
 	@scripts/install-deps
 
 check: ## Format, lint (warnings denied; the fault build too), build, and check the container backend feature
