@@ -275,7 +275,6 @@ mod tests {
         Handled {
             classification,
             event_id: Some("evt-secret-id".into()),
-            retries: reasons.total(),
             reasons,
             detail: None,
             suspect_database: false,

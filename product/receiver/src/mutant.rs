@@ -168,7 +168,6 @@ fn apply<'a>(
                 Handled {
                     classification: Classification::Applied,
                     event_id: None,
-                    retries: 0,
                     reasons: Default::default(),
                     detail: None,
                     suspect_database: false,
@@ -291,7 +290,6 @@ async fn split_commit(
     Handled {
         classification,
         event_id: Some(event.id().as_str().to_owned()),
-        retries: 0,
         reasons: Default::default(),
         detail: view.err().map(|e| e.to_string()),
         suspect_database: false,

@@ -23,7 +23,7 @@ pub fn http_raw(
     bearer: Option<&str>,
     body: Option<&serde_json::Value>,
 ) -> (u16, String) {
-    use std::io::{Read, Write};
+    use std::io::Write;
     let body = body.map(|b| b.to_string()).unwrap_or_default();
     let auth = bearer
         .map(|t| format!("Authorization: Bearer {t}\r\n"))
@@ -35,6 +35,21 @@ pub fn http_raw(
         body.len()
     )
     .expect("request written");
+    read_reply(stream)
+}
+
+/// `GET path` as HTTP/1.0, so that the server sends the body whole, never chunked (Go's
+/// servers, Prometheus's among them, chunk larger HTTP/1.1 replies); the status and the body.
+pub fn http_get_10(addr: &str, path: &str) -> (u16, String) {
+    use std::io::Write;
+    let mut stream = std::net::TcpStream::connect(addr).expect("the server answers");
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").expect("request written");
+    read_reply(stream)
+}
+
+/// Reads a reply to its end (the server closes the connection): the status and the body.
+fn read_reply(mut stream: std::net::TcpStream) -> (u16, String) {
+    use std::io::Read;
     let mut reply = String::new();
     stream.read_to_string(&mut reply).expect("reply read");
     let (head, body) = reply.split_once("\r\n\r\n").expect("an HTTP reply");

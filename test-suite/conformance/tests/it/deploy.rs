@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use conformance::http::http_get_10;
 use conformance::process::Consumer;
 use conformance::{cancelled_task, eventually, OwnServerReceiver};
 use nix::sys::signal::{kill, Signal};
@@ -98,22 +99,6 @@ fn the_systemd_unit_passes_systemd_analyze_verify() {
     }
 }
 
-/// `GET path` over HTTP/1.0 (so the body is never chunked); status and body.
-fn get(addr: &str, path: &str) -> (u16, String) {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(addr).expect("Prometheus answers");
-    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
-    let mut reply = String::new();
-    s.read_to_string(&mut reply).unwrap();
-    let (head, body) = reply.split_once("\r\n\r\n").expect("an HTTP reply");
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .expect("a status");
-    (status, body.to_owned())
-}
-
 fn encode(q: &str) -> String {
     q.bytes()
         .map(|b| match b {
@@ -125,7 +110,7 @@ fn encode(q: &str) -> String {
 
 /// The series an instant query returns; panics if Prometheus refuses the query.
 fn query(addr: &str, promql: &str) -> Vec<serde_json::Value> {
-    let (status, body) = get(addr, &format!("/api/v1/query?query={}", encode(promql)));
+    let (status, body) = http_get_10(addr, &format!("/api/v1/query?query={}", encode(promql)));
     let v: serde_json::Value =
         serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {body}"));
     assert_eq!(
@@ -138,7 +123,7 @@ fn query(addr: &str, promql: &str) -> Vec<serde_json::Value> {
 
 /// The state of alert `name` now: `None`, `Some("pending")` or `Some("firing")`.
 fn alert_state(addr: &str, name: &str) -> Option<String> {
-    let (_, body) = get(addr, "/api/v1/alerts");
+    let (_, body) = http_get_10(addr, "/api/v1/alerts");
     let v: serde_json::Value =
         serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {body}"));
     v["data"]["alerts"]
@@ -200,7 +185,8 @@ impl Prometheus {
         let child = testdb::spawn_tied(cmd).expect("prometheus starts");
         let me = Prometheus { child, addr };
         let started = Instant::now();
-        while std::net::TcpStream::connect(&me.addr).is_err() || get(&me.addr, "/-/ready").0 != 200
+        while std::net::TcpStream::connect(&me.addr).is_err()
+            || http_get_10(&me.addr, "/-/ready").0 != 200
         {
             assert!(
                 started.elapsed() < Duration::from_secs(30),

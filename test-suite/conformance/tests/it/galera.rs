@@ -525,7 +525,13 @@ async fn an_isolated_node_is_unavailable_writes_nothing_and_spends_no_attempt() 
         other => panic!("wanted unavailable (1047), got {other:?}"),
     }
     assert!(
-        store.probe(Duration::from_secs(1)).await.is_err(),
+        store
+            .check(
+                &mut result_inbox::HealthProbe::default(),
+                Duration::from_secs(1)
+            )
+            .await
+            .is_err(),
         "the probe fails too"
     );
 

@@ -56,6 +56,19 @@ async fn tls_database() -> (Server, Provisioned) {
     (server, db)
 }
 
+/// [`tls_database`] with the receiver's tables made by `receiver init` over TLS and the
+/// runtime grants, and an `orbit-dev` serving HTTPS and WSS with `args`, its own database on
+/// the same TLS server and its certificate signed by the same CA.
+async fn tls_platform(args: &[&str]) -> (Server, Provisioned, OrbitDev) {
+    let (server, db) = tls_database().await;
+    let init = receiver(&["init"], &dsn_env(db.init_url().expose()));
+    assert!(init.status.success(), "{}", text(&init.stderr));
+    db.grant_runtime().await.expect("grants");
+    let platform = server.provision().await.expect("platform databases");
+    let orbit = OrbitDev::start_tls(platform, server.pki().expect("a CA"), args);
+    (server, db, orbit)
+}
+
 fn dsn_env(url: &str) -> Vec<(&'static str, String)> {
     vec![("ORBIT_RECEIVER_DSN", url.to_owned())]
 }
@@ -137,16 +150,8 @@ async fn the_database_hop_is_verified_and_each_tls_mistake_is_one_line() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn consume_refuses_an_untrusted_database_at_start_instead_of_waiting_for_it() {
-    let (server, db) = tls_database().await;
+    let (server, db, orbit) = tls_platform(&[]).await;
     let pki = server.pki().expect("a CA");
-    let init = receiver(&["init"], &dsn_env(db.init_url().expose()));
-    assert!(init.status.success(), "{}", text(&init.stderr));
-    db.grant_runtime().await.expect("grants");
-    let orbit = OrbitDev::start_tls(
-        server.provision().await.expect("platform databases"),
-        pki,
-        &[],
-    );
     let sub = orbit
         .client()
         .create_subscription(QUEUE, &["task.cancelled"])
@@ -192,17 +197,7 @@ async fn consume_refuses_an_untrusted_database_at_start_instead_of_waiting_for_i
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn demo_and_consume_run_end_to_end_with_both_hops_on_tls() {
-    let (server, db) = tls_database().await;
-    let pki = server.pki().expect("a CA");
-    let init = receiver(&["init"], &dsn_env(db.init_url().expose()));
-    assert!(init.status.success(), "{}", text(&init.stderr));
-    db.grant_runtime().await.expect("grants");
-    // The platform's own database is on the same TLS server; orbit-dev serves HTTPS and WSS.
-    let orbit = OrbitDev::start_tls(
-        server.provision().await.expect("platform databases"),
-        pki,
-        &["--lease-seconds", "10"],
-    );
+    let (_server, db, orbit) = tls_platform(&["--lease-seconds", "10"]).await;
     assert!(orbit.url.starts_with("https://"), "{}", orbit.url);
     let env = orbit.receiver_env_on(&db.runtime_url());
 
@@ -254,16 +249,8 @@ async fn demo_and_consume_run_end_to_end_with_both_hops_on_tls() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_platform_the_sdk_does_not_trust_is_one_line_naming_orbit_url() {
-    let (server, db) = tls_database().await;
+    let (server, db, orbit) = tls_platform(&[]).await;
     let pki = server.pki().expect("a CA");
-    let init = receiver(&["init"], &dsn_env(db.init_url().expose()));
-    assert!(init.status.success(), "{}", text(&init.stderr));
-    db.grant_runtime().await.expect("grants");
-    let orbit = OrbitDev::start_tls(
-        server.provision().await.expect("platform databases"),
-        pki,
-        &[],
-    );
     let token = orbit.credentials().token.expose().to_owned();
     let base = orbit.receiver_env_on(&db.runtime_url());
     let with = |ca: Option<String>| -> Vec<(&'static str, String)> {
