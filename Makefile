@@ -2,7 +2,7 @@
 CARGO ?= cargo
 
 .DEFAULT_GOAL := help
-.PHONY: help deps check build fault-build mutant-build kit containers-inside release test unit integration integration-containers demo bench bench-proxy bench-instructions soak
+.PHONY: help deps check build fault-build mutant-build kit containers-inside release test unit integration integration-containers demo bench bench-proxy bench-instructions soak nemesis
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -73,6 +73,13 @@ containers-inside:
 	$(CARGO) run -q -p conformance --features container --bin integration -- --containers $(INTEGRATION_ARGS)
 	$(CARGO) run -q -p conformance --features container --bin conformance -- run --receiver target/debug/receiver --junit target/kit/report-containers.xml
 	$(CARGO) test -q -p conformance --features container --test it -- --ignored --exact deploy::the_receiver_image_runs_the_demo_end_to_end --nocapture
+
+# SEED replays a schedule (each run prints its own); MINUTES runs random faults for that long
+# instead of each kind once. The same checks and summary table as in make integration.
+SEED ?=
+MINUTES ?=
+nemesis: deps build fault-build ## The nemesis on a Galera cluster in network namespaces: SEED=N replays, MINUTES=M runs faults that long (as root)
+	NEMESIS_SEED='$(SEED)' NEMESIS_MINUTES='$(MINUTES)' $(CARGO) test -q -p conformance --test it -- --exact nemesis::a_seeded_schedule_of_partitions_pauses_and_kills_leaves_the_ledger_clean_on_every_node --nocapture
 
 demo: deps build ## The whole demo: temporary MySQL, orbit-dev, receiver init and demo
 	$(CARGO) run -q -p conformance --bin demo

@@ -247,6 +247,12 @@ pub async fn run_with(
             let metrics = metrics.clone();
             async move {
                 let started = Instant::now();
+                let mut unfinished = Unfinished {
+                    delivery_id: &d.delivery_id,
+                    attempt: d.attempt,
+                    started,
+                    logged: false,
+                };
                 metrics.started();
                 // The lease began when the delivery arrived; it may have waited for a slot.
                 let deadline = d.received_at() + window;
@@ -254,6 +260,7 @@ pub async fn run_with(
                 let took = started.elapsed();
                 metrics.handled(&h, took);
                 h.log(&d.delivery_id, d.attempt, took.as_millis() as u64);
+                unfinished.logged = true;
                 if h.suspect_database {
                     outage.suspect();
                 }
@@ -303,6 +310,33 @@ pub async fn run_with(
         "stopped; the subscription stays enabled"
     );
     Ok(())
+}
+
+/// A handler's delivery until it has logged its line: a handler cancelled before that (at
+/// shutdown) logs `classification=cancelled` when it is dropped, so that every delivery that
+/// comes back after its lease has a line saying why.
+struct Unfinished<'a> {
+    delivery_id: &'a str,
+    attempt: u32,
+    started: Instant,
+    logged: bool,
+}
+
+impl Drop for Unfinished<'_> {
+    fn drop(&mut self) {
+        if !self.logged {
+            let duration_ms = self.started.elapsed().as_millis() as u64;
+            let (delivery_id, attempt) = (self.delivery_id, self.attempt);
+            tracing::warn!(
+                classification = "cancelled",
+                delivery_id,
+                attempt,
+                duration_ms,
+                detail = "the handler was cancelled before the apply ended: the delivery comes back after its lease",
+                "delivery not acked"
+            );
+        }
+    }
 }
 
 #[cfg(test)]

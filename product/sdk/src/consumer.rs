@@ -20,8 +20,9 @@
 //!   that takes longer than [`EventConsumer::connect_timeout`] is abandoned; a silent
 //!   connection (no message for three heartbeat periods) or an ACK unanswered for
 //!   [`EventConsumer::ack_timeout`] counts as broken.
-//! - [`Running::shutdown`] cancels in-flight handlers (their deliveries are not ACKed) and
-//!   returns within its deadline.
+//! - [`Running::shutdown`] cancels in-flight handlers (their deliveries are not ACKed), hands
+//!   back the waiting deliveries and those still on the wire (until the stream has been quiet
+//!   for 250 ms, at most 2 s), and returns within its deadline.
 //!
 //! The consumer never prints a token or a proof, and it knows nothing of what the handler does.
 
@@ -450,6 +451,38 @@ async fn release_waiting<L: Link>(waiting: &mut Waiting, link: &mut L) -> usize 
     n
 }
 
+/// At a stop, deliveries the platform sent against credit given earlier may still be on the
+/// wire: each that arrives before the connection has been quiet for [`STOP_QUIET`] (and at
+/// most for [`STOP_DRAIN`]) is handed back at once, so that its lease ends now instead of
+/// running out and costing an attempt. Any other message is dropped: the process is leaving.
+async fn release_arriving<L: Link>(link: &mut L) -> usize {
+    let until = Instant::now() + STOP_DRAIN;
+    let mut released = 0;
+    loop {
+        let quiet = STOP_QUIET.min(until.saturating_duration_since(Instant::now()));
+        let Ok(Ok(Some(text))) = tokio::time::timeout(quiet, link.recv()).await else {
+            return released;
+        };
+        if let Ok(ServerMessage::Delivery {
+            delivery_id, proof, ..
+        }) = ServerMessage::from_json(&text)
+        {
+            if send(link, &ClientMessage::Release { delivery_id, proof })
+                .await
+                .is_err()
+            {
+                return released;
+            }
+            released += 1;
+        }
+    }
+}
+
+/// How long the stream must be quiet at a stop before it is closed (see [`release_arriving`]).
+const STOP_QUIET: Duration = Duration::from_millis(250);
+/// The most a stop waits for deliveries already on the wire.
+const STOP_DRAIN: Duration = Duration::from_secs(2);
+
 async fn run<C, H, F>(
     config: EventConsumer,
     mut connector: C,
@@ -534,6 +567,7 @@ where
             tokio::select! {
                 _ = stop.changed() => {
                     released += release_waiting(&mut waiting, &mut link).await;
+                    released += release_arriving(&mut link).await;
                     link.close().await;
                     break 'connect;
                 }
@@ -954,6 +988,23 @@ mod tests {
                 released: 2
             }
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_delivery_that_arrives_during_the_stop_is_handed_back_not_left_to_its_lease() {
+        let mut h = Harness::start(2, CreditGate::new(), |_| async { Ok(()) });
+        let mut peer = h.peer();
+        assert_eq!(h.next_event().await, ConsumerEvent::Connected);
+        assert_eq!(credit(peer.next().await), 2);
+        h.stop.send(true).unwrap();
+        // The stop has begun (the consumer waits for the stream to fall quiet) when a
+        // delivery sent against the earlier credit arrives.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        peer.deliver("late");
+        let summary = h.task.await.unwrap();
+        assert_eq!(released(peer.next_not_heartbeat().await), "late");
+        assert_eq!(summary.released, 1);
+        assert_eq!(summary.cancelled_handlers, 0, "never started");
     }
 
     #[tokio::test(start_paused = true)]

@@ -82,8 +82,9 @@ impl Trust {
         })
     }
 
-    /// The configuration, for the HTTP client and the stream's connector.
-    pub(crate) fn config(&self) -> Arc<rustls::ClientConfig> {
+    /// The rustls configuration: the HTTP client's and the stream's, and for any other client
+    /// of the same platform (a test's own requests, say).
+    pub fn config(&self) -> Arc<rustls::ClientConfig> {
         self.config.clone()
     }
 

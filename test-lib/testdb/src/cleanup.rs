@@ -24,6 +24,10 @@ pub(crate) enum Cleanup {
     Container {
         id: String,
     },
+    /// A network namespace of ours (`netns.rs`).
+    Namespace(String),
+    /// A root-namespace link of ours (`netns.rs`).
+    Link(String),
 }
 
 static LIVE: Mutex<Vec<Cleanup>> = Mutex::new(Vec::new());
@@ -53,6 +57,14 @@ extern "C" fn cleanup_at_exit() {
             Cleanup::Container { id } => {
                 let _ = Command::new("docker")
                     .args(["rm", "--force", "--volumes", &id])
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .status();
+            }
+            Cleanup::Namespace(name) => crate::netns::delete_namespace(&name),
+            Cleanup::Link(name) => {
+                let _ = Command::new("ip")
+                    .args(["link", "delete", &name])
                     .stdout(Stdio::null())
                     .stderr(Stdio::null())
                     .status();
@@ -97,8 +109,10 @@ pub(crate) fn scratch_dir() -> std::io::Result<PathBuf> {
         .map_err(std::io::Error::other)
 }
 
-/// Removes directories of earlier runs whose test process is gone, killing their servers.
+/// Removes directories of earlier runs whose test process is gone, killing their servers, and
+/// their network namespaces.
 pub(crate) fn sweep_leftovers(root: &Path) {
+    crate::netns::sweep();
     let Ok(entries) = fs::read_dir(root) else {
         return;
     };

@@ -29,6 +29,7 @@
 mod cleanup;
 mod galera;
 mod local;
+pub mod netns;
 mod process;
 mod provision;
 pub mod tls;
@@ -151,6 +152,9 @@ pub struct Server {
     backend: Backend,
     /// A TLS server's certificate authority and its URL parameters.
     tls: Option<Tls>,
+    /// What the harness's own admin URLs carry: empty, or `socket=…` for a server it
+    /// administers over its unix socket (a TLS server, a node in a network namespace).
+    admin_query: String,
 }
 
 /// What a TLS server's clients need.
@@ -159,8 +163,19 @@ struct Tls {
     pki: std::sync::Arc<tls::Pki>,
     /// `ssl-mode=VERIFY_IDENTITY&ssl-ca=…&ssl-cert=…&ssl-key=…`.
     query: String,
-    /// `socket=…`: what the harness's own admin connections carry.
-    admin_query: String,
+}
+
+impl Tls {
+    /// The URL parameters of a client that verifies the server against `pki`'s CA and shows
+    /// its client certificate.
+    fn client_query(pki: &tls::Pki) -> String {
+        format!(
+            "ssl-mode=VERIFY_IDENTITY&ssl-ca={}&ssl-cert={}&ssl-key={}",
+            pki.ca.display(),
+            pki.client.cert.display(),
+            pki.client.key.display()
+        )
+    }
 }
 
 #[derive(Debug)]
@@ -227,16 +242,11 @@ impl Server {
     /// Every URL this server and its [`Provisioned`] databases give carries
     /// [`Server::tls_query`]: verified TLS, with the CA's client certificate.
     pub fn local_tls(names: &[&str]) -> Result<Server, Error> {
-        let made: std::sync::Mutex<Option<Tls>> = std::sync::Mutex::new(None);
+        let made: std::sync::Mutex<Option<(Tls, String)>> = std::sync::Mutex::new(None);
         let make = |dir: &std::path::Path| -> Result<local::ServerTls, Error> {
             let pki = tls::Pki::generate(&dir.join("tls"))?;
             let server = pki.server("server", names)?;
-            let query = format!(
-                "ssl-mode=VERIFY_IDENTITY&ssl-ca={}&ssl-cert={}&ssl-key={}",
-                pki.ca.display(),
-                pki.client.cert.display(),
-                pki.client.key.display()
-            );
+            let query = Tls::client_query(&pki);
             // The harness administers the server over its unix socket, which the server
             // counts as secure: so it can whatever names the certificate carries (a test may
             // give it names that do not match on purpose).
@@ -247,20 +257,23 @@ impl Server {
                 format!("--ssl-key={}", server.key.display()),
                 "--require-secure-transport=ON".to_owned(),
             ];
-            *made.lock().unwrap_or_else(|p| p.into_inner()) = Some(Tls {
-                pki: std::sync::Arc::new(pki),
-                query,
-                admin_query: admin_query.clone(),
-            });
+            *made.lock().unwrap_or_else(|p| p.into_inner()) = Some((
+                Tls {
+                    pki: std::sync::Arc::new(pki),
+                    query,
+                },
+                admin_query.clone(),
+            ));
             Ok(local::ServerTls {
                 args,
                 query: admin_query,
             })
         };
         let server = local::LocalServer::start(Some(&make))?;
-        let tls = made.into_inner().unwrap_or_else(|p| p.into_inner());
+        let (tls, admin_query) = made.into_inner().unwrap_or_else(|p| p.into_inner()).unzip();
         Ok(Server {
             tls,
+            admin_query: admin_query.unwrap_or_default(),
             ..Self::loopback_root(
                 server.port(),
                 server.description().to_owned(),
@@ -292,6 +305,7 @@ impl Server {
             description,
             backend,
             tls: None,
+            admin_query: String::new(),
         }
         .announced()
     }
@@ -338,6 +352,7 @@ impl Server {
             description: format!("existing server at {host}:{port}"),
             backend: Backend::Existing,
             tls: None,
+            admin_query: String::new(),
         };
         let version = provision::block_on(provision::server_version(&server))?;
         let server = Server {
@@ -405,7 +420,7 @@ impl Server {
             self.admin_password.expose(),
             &self.address(),
             database,
-            self.tls.as_ref().map_or("", |t| t.admin_query.as_str()),
+            &self.admin_query,
         )
     }
 
@@ -485,6 +500,21 @@ impl Server {
         self.node()?.status(variable)
     }
 
+    /// A cluster node's network namespace, in a cluster started in namespaces.
+    pub fn member(&self) -> Option<&std::sync::Arc<netns::Member>> {
+        self.node().ok()?.member()
+    }
+
+    /// A local server's or a cluster node's unix socket (for a client in another network
+    /// namespace, which cannot reach loopback here).
+    pub fn socket(&self) -> Option<std::path::PathBuf> {
+        match &self.backend {
+            Backend::Local(server) => Some(server.socket()),
+            Backend::Galera(node) => Some(node.socket()),
+            _ => None,
+        }
+    }
+
     /// Waits until a cluster node is `Synced` (after a rejoin, say).
     pub fn wait_synced(&self) -> Result<(), Error> {
         self.node()?.wait_synced()
@@ -499,6 +529,8 @@ pub struct Cluster {
     nodes: Vec<Server>,
     dir: std::path::PathBuf,
     started_in: Duration,
+    /// The namespaces, in a cluster started in them; dropped after the nodes.
+    net: Option<netns::Net>,
 }
 
 impl Cluster {
@@ -506,17 +538,45 @@ impl Cluster {
     /// returns when every one is `Synced`. [`Error::NoServerProgram`] when the Galera provider
     /// or MariaDB's server is missing.
     pub fn start(count: usize) -> Result<Cluster, Error> {
+        Self::start_with(count, None)
+    }
+
+    /// [`Cluster::start`] with each node in a network namespace of its own, on one bridge
+    /// ([`netns::Net`], made here; [`Cluster::net`] adds the other parties and cuts links).
+    /// The harness administers the nodes over their unix sockets; their SQL addresses are on
+    /// the bridge, for clients in other member namespaces.
+    pub fn start_in_namespaces(count: usize) -> Result<Cluster, Error> {
+        Self::start_with(count, Some(netns::Net::create()?))
+    }
+
+    fn start_with(count: usize, net: Option<netns::Net>) -> Result<Cluster, Error> {
         let started = std::time::Instant::now();
-        let galera::Nodes { nodes, dir } = galera::start(count)?;
+        let galera::Nodes { nodes, dir, pki } = galera::start(count, net.as_ref())?;
+        let where_ = if net.is_some() {
+            "in network namespaces"
+        } else {
+            "on loopback"
+        };
         let nodes = nodes
             .into_iter()
             .map(|node| {
                 let description = format!(
-                    "{} of a {count}-node Galera cluster (local mariadbd, 127.0.0.1:{})",
+                    "{} of a {count}-node Galera cluster {where_} (local mariadbd, {}:{})",
                     node.name(),
+                    node.host(),
                     node.port()
                 );
-                Self::node_server(node, description)
+                let admin_query = format!("socket={}", node.socket().display());
+                let tls = pki.as_ref().map(|pki| Tls {
+                    query: Tls::client_query(pki),
+                    pki: pki.clone(),
+                });
+                Server {
+                    host: node.host().to_owned(),
+                    admin_query,
+                    tls,
+                    ..Server::loopback_root(node.port(), description, Backend::Galera(node))
+                }
             })
             .collect();
         cleanup::remove_at_exit();
@@ -524,11 +584,13 @@ impl Cluster {
             nodes,
             dir,
             started_in: started.elapsed(),
+            net,
         })
     }
 
-    fn node_server(node: galera::Node, description: String) -> Server {
-        Server::loopback_root(node.port(), description, Backend::Galera(node))
+    /// The namespaces of a cluster started with [`Cluster::start_in_namespaces`].
+    pub fn net(&self) -> Option<&netns::Net> {
+        self.net.as_ref()
     }
 
     /// The nodes, in order (`node1` first).

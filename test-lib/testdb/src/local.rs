@@ -370,6 +370,10 @@ impl LocalServer {
         self.dir.join("error.log")
     }
 
+    pub(crate) fn socket(&self) -> PathBuf {
+        self.dir.join("mysqld.sock")
+    }
+
     /// SIGKILL and reap; returns whether the server was still running.
     pub(crate) fn kill(&self) -> bool {
         self.child

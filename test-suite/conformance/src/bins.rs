@@ -11,12 +11,18 @@ pub const RUN_MARKER: &str = "RESULT_INBOX_RUN";
 /// leftover check still sees the process).
 pub fn bare_command(bin: &std::path::Path) -> std::process::Command {
     let mut cmd = std::process::Command::new(bin);
+    bare(&mut cmd);
+    cmd
+}
+
+/// Empties `cmd`'s environment but for the run's marker, as [`bare_command`] does (for a
+/// command made elsewhere, e.g. to run in a network namespace).
+pub fn bare(cmd: &mut std::process::Command) {
     cmd.env_clear();
     #[allow(clippy::disallowed_methods)] // the harness's own marker
     if let Some(marker) = std::env::var_os(RUN_MARKER) {
         cmd.env(RUN_MARKER, marker);
     }
-    cmd
 }
 
 /// Every file (anything but a directory) below `dir`: what a run left behind there. Empty

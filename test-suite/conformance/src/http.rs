@@ -47,11 +47,51 @@ pub fn http_get_10(addr: &str, path: &str) -> (u16, String) {
     read_reply(stream)
 }
 
+/// Sends `request` (a whole HTTP/1.x request that asks the server to close) to `addr`, over
+/// TLS verified against `ca_file` when one is given, within `timeout` for the connection and
+/// each read; the whole reply.
+pub fn exchange(
+    addr: &str,
+    ca_file: Option<&std::path::Path>,
+    request: &str,
+    timeout: std::time::Duration,
+) -> std::io::Result<String> {
+    use std::io::{Read, Write};
+    let to: std::net::SocketAddr = addr
+        .parse()
+        .map_err(|_| std::io::Error::other(format!("{addr} is not an address")))?;
+    let mut tcp = std::net::TcpStream::connect_timeout(&to, timeout)?;
+    tcp.set_read_timeout(Some(timeout))?;
+    let mut reply = String::new();
+    match ca_file {
+        None => {
+            tcp.write_all(request.as_bytes())?;
+            tcp.read_to_string(&mut reply)?;
+        }
+        Some(ca) => {
+            let trust = orbit_sdk::Trust::load(Some(ca)).map_err(std::io::Error::other)?;
+            let name = rustls::pki_types::ServerName::try_from(to.ip().to_string())
+                .map_err(std::io::Error::other)?;
+            let conn = rustls::ClientConnection::new(trust.config(), name)
+                .map_err(std::io::Error::other)?;
+            let mut tls = rustls::StreamOwned::new(conn, tcp);
+            tls.write_all(request.as_bytes())?;
+            tls.read_to_string(&mut reply)?;
+        }
+    }
+    Ok(reply)
+}
+
 /// Reads a reply to its end (the server closes the connection): the status and the body.
 fn read_reply(mut stream: std::net::TcpStream) -> (u16, String) {
     use std::io::Read;
     let mut reply = String::new();
     stream.read_to_string(&mut reply).expect("reply read");
+    split_reply(&reply)
+}
+
+/// An HTTP reply's status and body.
+pub fn split_reply(reply: &str) -> (u16, String) {
     let (head, body) = reply.split_once("\r\n\r\n").expect("an HTTP reply");
     let status = head
         .split_whitespace()

@@ -21,13 +21,14 @@ pub mod process;
 pub mod wait;
 
 pub use bins::{
-    bare_command, files_under, receiver_bin, spawn, workspace_bin, workspace_example, RUN_MARKER,
+    bare, bare_command, files_under, receiver_bin, spawn, workspace_bin, workspace_example,
+    RUN_MARKER,
 };
 pub use database::{OwnServerReceiver, ReceiverDb};
 pub use events::EventSpec;
 pub use http::{http_json, http_raw};
 pub use ledger::{check_ledger, check_ledger_on, Ledger};
-pub use orbit::{all_acked, bootstrap, cancelled_task, subscribed_receiver, OrbitDev};
+pub use orbit::{all_acked, bootstrap, cancelled_task, subscribed_receiver, Launcher, OrbitDev};
 pub use wait::{eventually, poll, poll_blocking};
 
 /// The queue the suite's events come from unless a test says otherwise.

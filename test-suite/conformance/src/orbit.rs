@@ -72,6 +72,44 @@ pub struct OrbitDev {
     pub db: Provisioned,
     /// With TLS: the CA that signed the server's certificate (`ORBIT_CA_FILE`).
     pub ca_file: Option<PathBuf>,
+    /// What starts the program, when not a plain command on loopback.
+    launcher: Option<Launcher>,
+}
+
+/// `args` and the options that make orbit-dev serve TLS only, with a certificate for `names`
+/// signed by `pki`'s CA.
+fn tls_args(pki: &testdb::tls::Pki, names: &[&str], args: &[&str]) -> Vec<String> {
+    let files = pki
+        .server("orbit-dev", names)
+        .unwrap_or_else(|e| panic!("orbit-dev's certificate: {e}"));
+    let mut all: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
+    all.extend([
+        "--tls-cert".to_owned(),
+        files.cert.display().to_string(),
+        "--tls-key".to_owned(),
+        files.key.display().to_string(),
+    ]);
+    all
+}
+
+/// Makes the `orbit-dev` command (from its binary's path) for [`OrbitDev::start_launched`],
+/// with where it listens and the platform database's URL as seen from there.
+#[derive(Clone)]
+pub struct Launcher {
+    /// The command for the binary: in a network namespace, say.
+    pub command: std::sync::Arc<dyn Fn(&std::path::Path) -> std::process::Command + Send + Sync>,
+    /// `--listen`, e.g. `10.213.7.4:0`.
+    pub listen: String,
+    /// `ORBIT_MYSQL_DSN` (over the server's unix socket, from another namespace).
+    pub platform_dsn: secret::Secret,
+}
+
+impl std::fmt::Debug for Launcher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Launcher")
+            .field("listen", &self.listen)
+            .finish_non_exhaustive()
+    }
 }
 
 impl OrbitDev {
@@ -85,13 +123,8 @@ impl OrbitDev {
     /// typically); [`OrbitDev::url`] is `https://…` and the receiver's environment names the CA
     /// in `ORBIT_CA_FILE`.
     pub fn start_tls(db: Provisioned, pki: &testdb::tls::Pki, args: &[&str]) -> OrbitDev {
-        let files = pki
-            .server("orbit-dev", &testdb::TLS_NAMES)
-            .unwrap_or_else(|e| panic!("orbit-dev's certificate: {e}"));
-        let cert = files.cert.display().to_string();
-        let key = files.key.display().to_string();
-        let mut all: Vec<&str> = args.to_vec();
-        all.extend(["--tls-cert", &cert, "--tls-key", &key]);
+        let all = tls_args(pki, &testdb::TLS_NAMES, args);
+        let all: Vec<&str> = all.iter().map(String::as_str).collect();
         Self::start_inner(db, &all, Some(pki.ca.clone()))
     }
 
@@ -100,14 +133,43 @@ impl OrbitDev {
         Self::start_inner(db, args, None)
     }
 
+    /// [`OrbitDev::start_with`] started by `launcher` (in a network namespace, listening on
+    /// its address there) on HTTPS and WSS only, with a certificate for the address it
+    /// listens on, signed by `pki`'s CA; a restart starts it the same way.
+    pub fn start_launched(
+        db: Provisioned,
+        pki: &testdb::tls::Pki,
+        args: &[&str],
+        launcher: Launcher,
+    ) -> OrbitDev {
+        let host = launcher
+            .listen
+            .rsplit_once(':')
+            .map_or(launcher.listen.as_str(), |(h, _)| h);
+        let all = tls_args(pki, &[host], args);
+        let all: Vec<&str> = all.iter().map(String::as_str).collect();
+        let mut me = Self::prepared(db, &all, Some(pki.ca.clone()));
+        me.addr = launcher.listen.clone();
+        me.launcher = Some(launcher);
+        me.serve();
+        me
+    }
+
     fn start_inner(db: Provisioned, args: &[&str], ca_file: Option<PathBuf>) -> OrbitDev {
+        let mut me = Self::prepared(db, args, ca_file);
+        me.serve();
+        me
+    }
+
+    /// Bootstrapped, not yet serving.
+    fn prepared(db: Provisioned, args: &[&str], ca_file: Option<PathBuf>) -> OrbitDev {
         let dir = testdb::scratch_dir()
             .expect("a scratch directory")
             .join(format!("orbit-dev-{}", db.platform_db));
         let credentials_file = dir.join("inbox.credentials.json");
         bootstrap(db.platform_url().expose(), QUEUE, true, &credentials_file)
             .unwrap_or_else(|e| panic!("{e}"));
-        let mut me = OrbitDev {
+        OrbitDev {
             child: None,
             url: String::new(),
             addr: "127.0.0.1:0".into(),
@@ -115,18 +177,21 @@ impl OrbitDev {
             args: args.iter().map(|s| (*s).to_owned()).collect(),
             db,
             ca_file,
-        };
-        me.serve();
-        me
+            launcher: None,
+        }
     }
 
     fn serve(&mut self) {
         use std::io::BufRead;
-        let mut cmd = std::process::Command::new(workspace_bin("orbit-dev"));
+        let bin = workspace_bin("orbit-dev");
+        let (mut cmd, dsn) = match &self.launcher {
+            Some(l) => ((l.command)(&bin), l.platform_dsn.clone()),
+            None => (std::process::Command::new(bin), self.db.platform_url()),
+        };
         cmd.arg("serve")
             .args(["--listen", &self.addr])
             .args(&self.args)
-            .env("ORBIT_MYSQL_DSN", self.db.platform_url().expose())
+            .env("ORBIT_MYSQL_DSN", dsn.expose())
             .stdout(std::process::Stdio::piped())
             .stderr(self.log_file());
         let mut child = testdb::spawn_tied(cmd).expect("orbit-dev starts");
@@ -237,18 +302,17 @@ impl OrbitDev {
     /// answer within 2 s (it may have been stopped). Never panics: a world reads it while it
     /// drops.
     pub fn metric(&self, name: &str) -> Option<u64> {
-        use std::io::{Read, Write};
-        let to = std::time::Duration::from_secs(2);
-        let mut stream = std::net::TcpStream::connect_timeout(&self.addr.parse().ok()?, to).ok()?;
-        stream.set_read_timeout(Some(to)).ok()?;
-        write!(
-            stream,
+        let request = format!(
             "GET /metrics HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
             self.addr
+        );
+        let reply = crate::http::exchange(
+            &self.addr,
+            self.ca_file.as_deref(),
+            &request,
+            std::time::Duration::from_secs(2),
         )
         .ok()?;
-        let mut reply = String::new();
-        stream.read_to_string(&mut reply).ok()?;
         reply
             .lines()
             .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
@@ -256,9 +320,22 @@ impl OrbitDev {
 
     /// Arms a fault of `--enable-fault-api` (`{"fault": …}`); the reply.
     pub fn fault(&self, body: serde_json::Value) -> serde_json::Value {
-        let (status, reply) = http_json(&self.addr, "POST", "/v1/_faults", Some(&body));
+        let text = body.to_string();
+        let request = format!(
+            "POST /v1/_faults HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{text}",
+            self.addr,
+            text.len()
+        );
+        let reply = crate::http::exchange(
+            &self.addr,
+            self.ca_file.as_deref(),
+            &request,
+            std::time::Duration::from_secs(30),
+        )
+        .unwrap_or_else(|e| panic!("arming {body}: {e}"));
+        let (status, reply) = crate::http::split_reply(&reply);
         assert_eq!(status, 200, "arming {body}: {reply}");
-        reply
+        serde_json::from_str(reply.trim()).unwrap_or_else(|e| panic!("not JSON ({e}): {reply}"))
     }
 
     /// The subscription's deliveries of `event_id`.

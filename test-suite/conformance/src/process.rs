@@ -198,18 +198,24 @@ fn scratch_file(stem: &str) -> PathBuf {
 impl Consumer {
     /// The normal `receiver consume` with `env`.
     pub fn normal(env: &[(&str, String)]) -> Consumer {
-        Self::spawn(&crate::receiver_bin(), env, None)
+        Self::start(crate::bare_command(&crate::receiver_bin()), env, None)
     }
 
     /// `receiver-faults consume` with `env` and `barriers` armed (`RECEIVER_FAULT_BARRIERS`,
     /// e.g. `after_commit` or `before_insert@2`).
     pub fn faulty(env: &[(&str, String)], barriers: &str) -> Consumer {
-        Self::spawn(&receiver_faults_bin(), env, Some(barriers))
+        Self::start(
+            crate::bare_command(&receiver_faults_bin()),
+            env,
+            Some(barriers),
+        )
     }
 
-    fn spawn(bin: &Path, env: &[(&str, String)], barriers: Option<&str>) -> Consumer {
+    /// `cmd` (the receiver's or `receiver-faults`' binary, made elsewhere: to run in a network
+    /// namespace, say) as `consume`, with only `env` and, if any, `barriers` armed.
+    pub fn start(mut cmd: Command, env: &[(&str, String)], barriers: Option<&str>) -> Consumer {
         let report = scratch_file("barriers");
-        let mut cmd = crate::bare_command(bin);
+        crate::bare(&mut cmd);
         cmd.arg("consume")
             .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
             .stdin(Stdio::piped());

@@ -58,6 +58,10 @@ const LOCAL_ONLY: &[(&str, &str)] = &[
         "a Galera cluster of local nodes (testdb::Cluster), which the tests pause, kill and cut off",
     ),
     (
+        "nemesis",
+        "a Galera cluster of local nodes in network namespaces, with real partitions, a node killed and consumers paused",
+    ),
+    (
         "storage-tls",
         "a local server that speaks only TLS, with certificates made for the run; the storage suite itself runs on the container server",
     ),
@@ -475,12 +479,13 @@ fn directories(bin: &Path) -> Result<(PathBuf, PathBuf), String> {
 
 /// Runs every suite of `plan`, `jobs` at a time, longest first; the outcomes by suite name.
 fn run_suites(run: Run, plan: Plan) -> Vec<Outcome> {
-    // Longest suites first (the Galera cluster's, then the fault suite), so that neither
-    // starts last.
+    // Longest suites first (the Galera cluster's, the nemesis's, then the fault suite), so
+    // that none starts last.
     let mut queue: Vec<(String, Vec<String>)> = plan.suites.into_iter().collect();
     queue.sort_by_key(|(name, tests)| {
         (
             name != "galera",
+            name != "nemesis",
             name != "faults",
             std::cmp::Reverse(tests.len()),
         )
@@ -587,10 +592,11 @@ fn report(
     // The crash loop's seed, for replaying it, and the Galera suite's figures.
     for o in results {
         let log = fs::read_to_string(&o.log).unwrap_or_default();
-        for line in log
-            .lines()
-            .filter(|l| l.starts_with("crash-loop: seed=") || l.starts_with("galera: "))
-        {
+        for line in log.lines().filter(|l| {
+            l.starts_with("crash-loop: seed=")
+                || l.starts_with("galera: ")
+                || l.starts_with("nemesis: ")
+        }) {
             println!("{}", line.split("; plan").next().unwrap_or(line));
         }
     }
@@ -626,7 +632,16 @@ fn cleanup_checked(run_id: &str, run_dir: &Path, results: &[Outcome]) -> bool {
             println!("cleanup: LEFT BEHIND: {}", f.display());
         }
     }
-    leftovers.is_empty() && files.is_empty()
+    // Every suite process has ended: a namespace or link of ours whose owner is gone was left.
+    let network = testdb::netns::leftovers();
+    if network.is_empty() {
+        println!("cleanup: no network namespace or link of this run is left");
+    } else {
+        for n in &network {
+            println!("cleanup: LEFT BEHIND: {n}");
+        }
+    }
+    leftovers.is_empty() && files.is_empty() && network.is_empty()
 }
 
 #[cfg(test)]

@@ -1,8 +1,9 @@
 //! Proof that a failing run leaves nothing behind: this test binary runs itself on a test that
-//! starts a MySQL server, `orbit-dev` and a `receiver-faults` consumer stopped at a barrier,
-//! and then fails (a panic) or is killed (SIGKILL). Afterwards none of those processes may be
-//! alive and, after a panic, the run's temporary directory must be empty; after a SIGKILL the
-//! next run's sweep must empty it.
+//! starts a MySQL server, `orbit-dev`, a `receiver-faults` consumer stopped at a barrier, and a
+//! bridge with a network namespace (a process inside it, a link into the root namespace), and
+//! then fails (a panic) or is killed (SIGKILL). Afterwards none of those processes may be
+//! alive and, after a panic, the run's temporary directory must be empty and its namespaces
+//! gone; after a SIGKILL the next run's sweep must empty the one and remove the others.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -35,12 +36,19 @@ async fn doomed_run() {
         .await;
     let mut pids = vec![consumer.pid(), orbit.pid()];
     pids.extend(testdb::Server::shared().unwrap().pid());
+    // A namespace with a process in it, and the root namespace's link into its bridge.
+    let net = testdb::netns::Net::create().unwrap();
+    let member = net.add("doomed").unwrap();
+    net.host_link().unwrap();
+    let mut sleeper = member.server_command("sleep");
+    sleeper.arg("600");
+    pids.push(testdb::spawn_tied(sleeper).unwrap().id());
     let list: Vec<String> = pids.iter().map(u32::to_string).collect();
     std::fs::write(&pids_file, list.join("\n")).unwrap();
     if var(MODE_VAR).as_deref() == Some("hang") {
         std::future::pending::<()>().await;
     }
-    panic!("deliberate failure, with a server, a platform and a consumer running");
+    panic!("deliberate failure, with a server, a platform, a consumer and a namespace running");
 }
 
 /// Starts the doomed run with its own TMPDIR; the child, that TMPDIR and the pids file.
@@ -87,9 +95,24 @@ fn assert_gone(pids: &[u32]) {
     );
 }
 
+/// No namespace and no root link of the run `pid` is left.
+fn assert_no_network_of(pid: u32) {
+    let namespaces = testdb::netns::namespaces_of(pid);
+    assert!(
+        namespaces.is_empty(),
+        "namespaces left behind: {namespaces:?}"
+    );
+    let links: Vec<String> = testdb::netns::leftovers()
+        .into_iter()
+        .filter(|l| l.starts_with(&format!("link rin{pid}x")))
+        .collect();
+    assert!(links.is_empty(), "links left behind: {links:?}");
+}
+
 #[test]
 fn a_panicking_run_leaves_no_process_and_no_temporary_file() {
     let (child, tmp, pids_file) = start_doomed("panic");
+    let child_pid = child.id();
     let out = child.wait_with_output().unwrap();
     let text = format!(
         "{}{}",
@@ -99,33 +122,40 @@ fn a_panicking_run_leaves_no_process_and_no_temporary_file() {
     assert!(!out.status.success(), "the doomed run passed: {text}");
     assert!(text.contains("deliberate failure"), "{text}");
     let pids = read_pids(&pids_file);
-    assert_eq!(pids.len(), 3, "server, platform, consumer: {text}");
+    assert_eq!(pids.len(), 4, "server, platform, consumer, sleeper: {text}");
     assert_gone(&pids);
     let left = files_under(&tmp);
     assert!(left.is_empty(), "left behind: {left:?}");
+    assert_no_network_of(child_pid);
     let _ = std::fs::remove_dir_all(&tmp);
 }
 
 #[test]
 fn a_killed_run_leaves_no_process_and_the_next_run_sweeps_its_directories() {
     let (mut child, tmp, pids_file) = start_doomed("hang");
+    let child_pid = child.id();
     let pids =
         conformance::poll_blocking(Duration::from_secs(60), Duration::from_millis(50), || {
             let pids = read_pids(&pids_file);
             assert!(
-                pids.len() == 3 || child.try_wait().unwrap().is_none(),
+                pids.len() == 4 || child.try_wait().unwrap().is_none(),
                 "the doomed run ended early"
             );
-            (pids.len() == 3).then_some(pids)
+            (pids.len() == 4).then_some(pids)
         })
         .expect("the doomed run did not set up within 60 s");
     child.kill().unwrap();
     child.wait().unwrap();
-    // PR_SET_PDEATHSIG takes the server, the platform and the consumer with it.
+    // PR_SET_PDEATHSIG takes the server, the platform, the consumer and the sleeper with it.
     assert_gone(&pids);
     assert!(
         !files_under(&tmp).is_empty(),
         "a killed run cannot clean up: its directories stay until the next run"
+    );
+    assert_eq!(
+        testdb::netns::namespaces_of(child_pid).len(),
+        2,
+        "a killed run cannot clean up: its bridge and member namespaces stay until the next run"
     );
     // The next run (here: a process that only asks for a scratch directory) sweeps them.
     let sweep = Command::new(std::env::current_exe().unwrap())
@@ -137,6 +167,7 @@ fn a_killed_run_leaves_no_process_and_the_next_run_sweeps_its_directories() {
     assert!(sweep.status.success());
     let left = files_under(&tmp);
     assert!(left.is_empty(), "left behind after the sweep: {left:?}");
+    assert_no_network_of(child_pid);
     let _ = std::fs::remove_dir_all(&tmp);
 }
 

@@ -11,6 +11,7 @@ mod faults;
 mod galera;
 mod inspect;
 mod metrics;
+mod nemesis;
 mod outage;
 mod platform;
 mod schema;
