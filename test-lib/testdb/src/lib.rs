@@ -22,8 +22,9 @@
 //! This crate knows MySQL administration only; it knows nothing of the inbox. It sits at the
 //! bottom of the test layers: the suites and the benches use it, it uses none of them.
 //!
-//! What this crate must never do: leave a server, a process or a directory behind, listen on
-//! anything but loopback, print a password (every password and URL is a `secret::Secret`), or
+//! What this crate must never do: leave a server, a process, a directory or a network namespace
+//! behind, listen on anything but loopback or an address inside a namespace the run created
+//! ([`netns`]), print a password (every password and URL is a `secret::Secret`), or
 //! touch a database it did not create.
 
 mod cleanup;
@@ -544,7 +545,9 @@ impl Cluster {
     /// [`Cluster::start`] with each node in a network namespace of its own, on one bridge
     /// ([`netns::Net`], made here; [`Cluster::net`] adds the other parties and cuts links).
     /// The harness administers the nodes over their unix sockets; their SQL addresses are on
-    /// the bridge, for clients in other member namespaces.
+    /// the bridge, for clients in other member namespaces, and speak TLS with a certificate
+    /// for the address, signed by a CA made for the cluster ([`Server::pki`]; the URLs the
+    /// provisioned databases give carry it). Needs root.
     pub fn start_in_namespaces(count: usize) -> Result<Cluster, Error> {
         Self::start_with(count, Some(netns::Net::create()?))
     }

@@ -64,6 +64,27 @@ fn note(line: fmt::Arguments<'_>) {
     let _ = writeln!(std::io::stderr(), "nemesis: {line}");
 }
 
+/// Whether this machine cannot run the test (no root for namespaces, or, with `galera`, no
+/// Galera provider): then it says why and the test passes without running, except with
+/// `CI=true`, where that fails it.
+fn skipped(galera: bool) -> bool {
+    let cannot = if !nix::unistd::geteuid().is_root() {
+        Some("network namespaces need root (CAP_NET_ADMIN)".to_owned())
+    } else if galera {
+        testdb::galera_provider().err().map(|e| e.to_string())
+    } else {
+        None
+    };
+    let Some(why) = cannot else {
+        return false;
+    };
+    #[allow(clippy::disallowed_methods)] // CI must never skip this suite
+    let ci = std::env::var("CI").is_ok_and(|v| v == "true");
+    assert!(!ci, "CI=true and the nemesis cannot run: {why}");
+    note(format_args!("SKIPPED: {why}"));
+    true
+}
+
 /// One fault of the schedule.
 #[derive(Debug, Clone)]
 enum Fault {
@@ -199,6 +220,8 @@ struct World {
     members: [Arc<Member>; 2],
     /// The output of every consume process that ended.
     logs: Vec<String>,
+    /// When each consumer stop began and ended (Unix seconds).
+    stops: Vec<(f64, f64)>,
     /// Where the platform's tables are, for the test's own reads.
     platform_server: Server,
 }
@@ -251,7 +274,9 @@ impl World {
     /// Stops consumer `i` (SIGTERM, as a restart does) and keeps its output.
     async fn stop_consumer(&mut self, i: usize) {
         if let Some(c) = self.consumers[i].take() {
+            let began = unix_now();
             self.logs.push(c.stop().await);
+            self.stops.push((began, unix_now()));
         }
     }
 
@@ -437,13 +462,46 @@ async fn load(
     (tasks, forged)
 }
 
+fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_secs_f64()
+}
+
+/// The Unix time of a log line's leading UTC timestamp (`2026-12-05T14:02:22.322081Z`).
+fn line_time(line: &str) -> Option<f64> {
+    let stamp = line.split_whitespace().next()?.strip_suffix('Z')?;
+    let (date, time) = stamp.split_once('T')?;
+    let mut d = date.split('-').map(|x| x.parse::<i64>().ok());
+    let (y, m, day) = (d.next()??, d.next()??, d.next()??);
+    let mut t = time.split(':');
+    let (h, min) = (
+        t.next()?.parse::<f64>().ok()?,
+        t.next()?.parse::<f64>().ok()?,
+    );
+    let sec = t.next()?.parse::<f64>().ok()?;
+    // Days from 1970-01-01 to the civil date (the proleptic Gregorian calendar).
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * (m + if m > 2 { -3 } else { 9 }) + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    Some(days as f64 * 86_400.0 + h * 3_600.0 + min * 60.0 + sec)
+}
+
 /// For every delivery with more than one attempt, why each earlier one ended without an
 /// ACK, from the consume logs: `delivery not acked` lines (by classification) and refused
-/// ACKs. Returns the reasons counted, and the deliveries whose extra attempts have fewer
-/// reasons than attempts.
+/// ACKs; or, for an attempt no handler ever saw, that its lease began while its consumer was
+/// stopping (`stops`): it was on the wire when the consumer closed the stream, and only the
+/// lease could end it. That is told by the next attempt's first line, one lease later.
+/// Returns the reasons counted, and the deliveries whose extra attempts have fewer reasons
+/// than attempts.
 fn reasons(
     attempts: &BTreeMap<String, u32>,
     logs: &[String],
+    stops: &[(f64, f64)],
 ) -> (BTreeMap<String, usize>, Vec<String>) {
     let mut by_delivery: BTreeMap<&str, Vec<String>> = BTreeMap::new();
     for line in logs.iter().flat_map(|l| l.lines()) {
@@ -472,18 +530,28 @@ fn reasons(
     let mut counted = BTreeMap::new();
     let mut unexplained = Vec::new();
     for (id, n) in attempts.iter().filter(|(_, n)| **n > 1) {
-        let found = by_delivery
-            .get(id.as_str())
-            .map_or(&[][..], |v| v.as_slice());
-        for r in found {
+        let mut found = by_delivery.get(id.as_str()).cloned().unwrap_or_default();
+        let lines: Vec<&str> = logs
+            .iter()
+            .flat_map(|l| l.lines())
+            .filter(|l| l.contains(id.as_str()))
+            .collect();
+        let redelivered = lines
+            .iter()
+            .filter(|l| l.contains(" delivery ") || l.contains("delivery not acked"))
+            .filter_map(|l| line_time(l))
+            .fold(f64::INFINITY, f64::min);
+        let leased = redelivered - LEASE.as_secs_f64();
+        let on_the_wire = stops
+            .iter()
+            .any(|(began, ended)| leased >= began - 3.0 && leased <= ended + 1.0);
+        if found.len() < (*n as usize) - 1 && on_the_wire {
+            found.push("leased as its consumer stopped".to_owned());
+        }
+        for r in &found {
             *counted.entry(r.clone()).or_insert(0) += 1;
         }
         if found.len() < (*n as usize) - 1 {
-            let lines: Vec<&str> = logs
-                .iter()
-                .flat_map(|l| l.lines())
-                .filter(|l| l.contains(id.as_str()))
-                .collect();
             unexplained.push(format!(
                 "{id} ({n} attempts, reasons: {found:?}; its lines: {lines:?})"
             ));
@@ -494,11 +562,7 @@ fn reasons(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_seeded_schedule_of_partitions_pauses_and_kills_leaves_the_ledger_clean_on_every_node() {
-    if let Err(e) = testdb::galera_provider() {
-        #[allow(clippy::disallowed_methods)] // CI must never skip this suite
-        let ci = std::env::var("CI").is_ok_and(|v| v == "true");
-        assert!(!ci, "CI=true and no Galera cluster can start: {e}");
-        note(format_args!("SKIPPED: {e}"));
+    if skipped(true) {
         return;
     }
     let seed = var("NEMESIS_SEED")
@@ -584,6 +648,7 @@ async fn a_seeded_schedule_of_partitions_pauses_and_kills_leaves_the_ledger_clea
         consumers: [None, None],
         members,
         logs: Vec::new(),
+        stops: Vec::new(),
         platform_server,
     };
     world.start_consumer(0, None);
@@ -723,7 +788,7 @@ async fn a_seeded_schedule_of_partitions_pauses_and_kills_leaves_the_ledger_clea
         }
     }
 
-    let (counted, unexplained) = reasons(&attempts, &world.logs);
+    let (counted, unexplained) = reasons(&attempts, &world.logs, &world.stops);
     for u in &unexplained {
         violations.push(format!(
             "a second attempt without a reason in the consume logs: {u}"
@@ -818,7 +883,40 @@ async fn a_seeded_schedule_of_partitions_pauses_and_kills_leaves_the_ledger_clea
 }
 
 #[test]
+fn an_extra_attempt_needs_a_line_or_a_lease_that_began_as_its_consumer_stopped() {
+    assert_eq!(
+        line_time("2026-12-05T14:02:22.500000Z  INFO delivery"),
+        Some(1_796_479_342.5)
+    );
+    assert_eq!(line_time("2000-03-01T00:00:00Z x"), Some(951_868_800.0));
+    let attempts = BTreeMap::from([("d1".to_owned(), 2), ("d2".to_owned(), 2)]);
+    let at = |t: &str, id: &str, attempt: u32| {
+        format!("{t}  INFO delivery classification=applied event_id=\"e\" delivery_id=\"{id}\" attempt={attempt}")
+    };
+    // d1's first attempt failed with a line; d2's first never reached a handler.
+    let logs = vec![format!(
+        "2026-12-05T14:00:00.0Z  WARN delivery not acked classification=timeout event_id=\"e\" delivery_id=\"d1\" attempt=1\n{}\n{}",
+        at("2026-12-05T14:00:15.0Z", "d1", 2),
+        at("2026-12-05T14:02:22.5Z", "d2", 2)
+    )];
+    let (_, unexplained) = reasons(&attempts, &logs, &[]);
+    assert_eq!(unexplained.len(), 1, "{unexplained:?}");
+    assert!(unexplained[0].starts_with("d2 "));
+    // A stop that ended as d2's first lease began (one lease before its second attempt).
+    let stop = 1_796_479_342.5 - LEASE.as_secs_f64();
+    let (counted, unexplained) = reasons(&attempts, &logs, &[(stop - 2.0, stop - 0.5)]);
+    assert!(unexplained.is_empty(), "{unexplained:?}");
+    assert_eq!(counted["leased as its consumer stopped"], 1);
+    // A stop long before explains nothing.
+    let (_, unexplained) = reasons(&attempts, &logs, &[(stop - 60.0, stop - 50.0)]);
+    assert_eq!(unexplained.len(), 1);
+}
+
+#[test]
 fn the_bridge_checks_routes_and_its_cuts_drop_packets_one_way_or_both() {
+    if skipped(false) {
+        return;
+    }
     let net = Net::create().expect("a bridge");
     let a = net.add("a").unwrap();
     let b = net.add("b").unwrap();
