@@ -566,6 +566,9 @@ where
         while broken.is_none() {
             tokio::select! {
                 _ = stop.changed() => {
+                    // Cancelled first: a handler that ended during the drain below would
+                    // never be ACKed (nothing collects it any more), and cost an attempt.
+                    in_flight.abort_all();
                     released += release_waiting(&mut waiting, &mut link).await;
                     released += release_arriving(&mut link).await;
                     link.close().await;
@@ -1005,6 +1008,30 @@ mod tests {
         assert_eq!(released(peer.next_not_heartbeat().await), "late");
         assert_eq!(summary.released, 1);
         assert_eq!(summary.cancelled_handlers, 0, "never started");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stop_cancels_running_handlers_before_it_waits_for_the_stream_to_fall_quiet() {
+        // A handler that would end 100 ms into the stop's drain: nothing would ACK it then,
+        // so it must not get to finish (its delivery comes back whole, not half-handled).
+        let finished = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = finished.clone();
+        let mut h = Harness::start(1, CreditGate::new(), move |_| {
+            let flag = flag.clone();
+            async move {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                flag.store(true, std::sync::atomic::Ordering::SeqCst);
+                Ok(())
+            }
+        });
+        let mut peer = h.peer();
+        assert_eq!(h.next_event().await, ConsumerEvent::Connected);
+        assert_eq!(credit(peer.next().await), 1);
+        peer.deliver("slow");
+        tokio::task::yield_now().await;
+        let summary = h.stop().await;
+        assert!(!finished.load(std::sync::atomic::Ordering::SeqCst));
+        assert_eq!(summary.cancelled_handlers, 1);
     }
 
     #[tokio::test(start_paused = true)]

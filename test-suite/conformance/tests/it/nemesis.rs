@@ -50,6 +50,9 @@ const LEASE: Duration = Duration::from_secs(15);
 const BUDGET: Duration = Duration::from_secs(10);
 /// Tasks the load starts per second (each makes four deliveries).
 const TASKS_PER_SECOND: f64 = 3.0;
+/// The most an expired delivery is taken to wait for a consumer with credit before it is
+/// delivered again (see [`reasons`]).
+const REDELIVERY_DELAY: Duration = Duration::from_secs(5);
 /// How long the deliveries have to drain after the last fault.
 const DRAIN: Duration = Duration::from_secs(240);
 
@@ -542,9 +545,11 @@ fn reasons(
             .filter_map(|l| line_time(l))
             .fold(f64::INFINITY, f64::min);
         let leased = redelivered - LEASE.as_secs_f64();
-        let on_the_wire = stops
-            .iter()
-            .any(|(began, ended)| leased >= began - 3.0 && leased <= ended + 1.0);
+        // `leased` is at or after the real start: the expired delivery waits for a consumer
+        // with credit. Up to REDELIVERY_DELAY of that wait is allowed.
+        let on_the_wire = stops.iter().any(|(began, ended)| {
+            leased >= began - 3.0 && leased <= ended + REDELIVERY_DELAY.as_secs_f64()
+        });
         if found.len() < (*n as usize) - 1 && on_the_wire {
             found.push("leased as its consumer stopped".to_owned());
         }
@@ -552,8 +557,13 @@ fn reasons(
             *counted.entry(r.clone()).or_insert(0) += 1;
         }
         if found.len() < (*n as usize) - 1 {
+            let near: Vec<String> = stops
+                .iter()
+                .filter(|(b, _)| (b - leased).abs() < 60.0)
+                .map(|(b, e)| format!("{:+.1}..{:+.1} s", b - leased, e - leased))
+                .collect();
             unexplained.push(format!(
-                "{id} ({n} attempts, reasons: {found:?}; its lines: {lines:?})"
+                "{id} ({n} attempts, reasons: {found:?}; its lines: {lines:?}; consumer stops relative to one lease before its next attempt: {near:?})"
             ));
         }
     }
