@@ -177,3 +177,16 @@ impl OwnServerReceiver {
         }
     }
 }
+
+/// A connection at `url` (an admin URL on a cluster node) whose reads wait until the node has
+/// applied everything committed anywhere in the cluster before them (`wsrep_sync_wait = 1`).
+pub async fn admin_in_sync(url: &secret::Secret) -> MySqlConnection {
+    use sqlx::Executor;
+    let mut c = MySqlConnection::connect(url.expose())
+        .await
+        .expect("the node's admin connection opens");
+    c.execute("SET SESSION wsrep_sync_wait = 1")
+        .await
+        .expect("wsrep_sync_wait is set");
+    c
+}

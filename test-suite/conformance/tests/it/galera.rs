@@ -20,7 +20,7 @@ use conformance::process::Consumer;
 use conformance::{all_acked, check_ledger, eventually, EventSpec, OrbitDev, QUEUE};
 use result_inbox::store::{BusinessWrite, Receipt, StoreOptions, WriteFuture};
 use result_inbox::{ApplyError, ConsumerName, Dsn, Outcome, QueueId, StorageKind, Store};
-use sqlx::{Connection, Executor, MySqlConnection, Row};
+use sqlx::{MySqlConnection, Row};
 use testdb::{Cluster, Provisioned, Server};
 
 /// The apply budget on the cluster: above the ~6 s a COMMIT can stall while a dead peer is not
@@ -135,11 +135,7 @@ impl OnCluster {
     /// An admin connection on the receiver database on node `i` whose reads wait until the
     /// node has applied everything committed anywhere before them.
     async fn admin(&self, i: usize) -> MySqlConnection {
-        let mut c = MySqlConnection::connect(self.db.admin_receiver_url_on(self.node(i)).expose())
-            .await
-            .expect("admin connects");
-        c.execute("SET SESSION wsrep_sync_wait = 1").await.unwrap();
-        c
+        conformance::admin_in_sync(&self.db.admin_receiver_url_on(self.node(i))).await
     }
 
     /// (inbox rows, applied inbox rows) of `task`, and its view's (version, last event,
@@ -698,13 +694,7 @@ async fn two_consumers_on_two_nodes_through_a_node_kill_and_an_isolation_lose_an
         "the kill, the isolation and two consumers on one stream made no apply retry: nothing was tested"
     );
 
-    let mut admin = MySqlConnection::connect(receiver_db.admin_receiver_url_on(c.node(0)).expose())
-        .await
-        .unwrap();
-    admin
-        .execute("SET SESSION wsrep_sync_wait = 1")
-        .await
-        .unwrap();
+    let mut admin = conformance::admin_in_sync(&receiver_db.admin_receiver_url_on(c.node(0))).await;
     let ledger = check_ledger(&mut admin, &client, &sub.id, &tasks, "galera end to end")
         .await
         .unwrap_or_else(|e| panic!("{e}"));

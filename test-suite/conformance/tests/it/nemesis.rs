@@ -39,7 +39,7 @@ use std::time::{Duration, Instant};
 use conformance::process::Consumer;
 use conformance::{check_ledger_on, Launcher, OrbitDev, QUEUE};
 use nix::sys::signal::Signal;
-use sqlx::{Connection, Executor, MySqlConnection, Row};
+use sqlx::{Connection, MySqlConnection, Row};
 use testdb::netns::{Member, Net};
 use testdb::{Cluster, Provisioned, Server};
 
@@ -778,13 +778,7 @@ async fn a_seeded_schedule_of_partitions_pauses_and_kills_leaves_the_ledger_clea
     for i in 0..3 {
         let node = world.cluster.node(i);
         let mut admin =
-            MySqlConnection::connect(world.receiver_db.admin_receiver_url_on(node).expose())
-                .await
-                .unwrap();
-        admin
-            .execute("SET SESSION wsrep_sync_wait = 1")
-            .await
-            .unwrap();
+            conformance::admin_in_sync(&world.receiver_db.admin_receiver_url_on(node)).await;
         match check_ledger_on(
             &mut admin,
             &mut platform,
