@@ -565,6 +565,11 @@ where
         let mut last_heard = Instant::now();
         while broken.is_none() {
             tokio::select! {
+                // In this order, not at random: after the process was stopped (SIGSTOP, a
+                // suspended VM) its timers and its socket turn ready together, and what the
+                // platform sent meanwhile (ACK answers, deliveries) must be read before the
+                // heartbeat judges the stream by clocks that ran on while nothing could read.
+                biased;
                 _ = stop.changed() => {
                     // Cancelled first: a handler that ended during the drain below would
                     // never be ACKed (nothing collects it any more), and cost an attempt.
@@ -708,7 +713,12 @@ mod tests {
     struct Peer {
         from_client: mpsc::UnboundedReceiver<String>,
         to_client: mpsc::UnboundedSender<Result<Option<String>, StreamError>>,
+        frozen_until: Frozen,
     }
+
+    /// Until when the client's reads see nothing: a process stopped by SIGSTOP, whose timers
+    /// and socket turn ready at the same moment when it runs again.
+    type Frozen = Arc<std::sync::Mutex<Option<tokio::time::Instant>>>;
 
     impl Peer {
         /// The next message the client sent, parsed.
@@ -731,6 +741,11 @@ mod tests {
             }
         }
 
+        /// Nothing the platform sends is read for `d`, as if the client's process were stopped.
+        fn freeze(&self, d: Duration) {
+            *self.frozen_until.lock().unwrap() = Some(tokio::time::Instant::now() + d);
+        }
+
         fn deliver(&self, id: &str) {
             let text = format!(
                 r#"{{"type":"delivery","delivery_id":"{id}","attempt":1,"proof":"p-{id}","lease_expires_at":"2026-12-03T00:00:30Z","event":{{"id":"{id}"}}}}"#
@@ -742,6 +757,7 @@ mod tests {
     struct ChannelLink {
         to_peer: mpsc::UnboundedSender<String>,
         from_peer: mpsc::UnboundedReceiver<Result<Option<String>, StreamError>>,
+        frozen_until: Frozen,
     }
 
     impl Link for ChannelLink {
@@ -751,6 +767,10 @@ mod tests {
                 .map_err(|_| StreamError::Transport("peer gone".to_owned()))
         }
         async fn recv(&mut self) -> Result<Option<String>, StreamError> {
+            let frozen = *self.frozen_until.lock().unwrap();
+            if let Some(until) = frozen {
+                tokio::time::sleep_until(until).await;
+            }
             self.from_peer.recv().await.unwrap_or(Ok(None))
         }
         async fn close(&mut self) {}
@@ -834,10 +854,18 @@ mod tests {
         fn peer(&self) -> Peer {
             let (to_peer, from_client) = mpsc::unbounded_channel();
             let (to_client, from_peer) = mpsc::unbounded_channel();
-            self.links.send(ChannelLink { to_peer, from_peer }).unwrap();
+            let frozen_until = Frozen::default();
+            self.links
+                .send(ChannelLink {
+                    to_peer,
+                    from_peer,
+                    frozen_until: frozen_until.clone(),
+                })
+                .unwrap();
             Peer {
                 from_client,
                 to_client,
+                frozen_until,
             }
         }
 
@@ -1064,6 +1092,41 @@ mod tests {
         assert_eq!(h.next_event().await, ConsumerEvent::Connected);
         assert_eq!(credit(peer.next().await), 1);
         h.stop().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn after_a_freeze_what_waits_in_the_stream_is_read_before_a_timeout_is_judged() {
+        // A process stopped (SIGSTOP) past the ACK timeout wakes up with its timers expired
+        // and the platform's answers in its socket. Reading the answers first finds the ACK
+        // answered; judging first would break a working stream and lose what waits in it.
+        let mut h = Harness::start(1, CreditGate::new(), |_| async { Ok(()) });
+        let mut peer = h.peer();
+        assert_eq!(h.next_event().await, ConsumerEvent::Connected);
+        assert_eq!(credit(peer.next().await), 1);
+        // select! without an order picks among ready branches at random: many freezes.
+        for round in 0..32 {
+            let id = format!("d{round}");
+            peer.deliver(&id);
+            // Frozen for 19 s once the delivery is read: its ACK goes out, the answer arrives
+            // meanwhile, and is readable when the ACK timeout (10 s) has long passed.
+            peer.freeze(Duration::from_secs(19));
+            assert_eq!(acked(peer.next_not_heartbeat().await), id);
+            let answer =
+                format!(r#"{{"type":"ack_result","delivery_id":"{id}","result":"acked"}}"#);
+            peer.to_client.send(Ok(Some(answer))).unwrap();
+            // One jump: the heartbeat's tick and the read come due in the same turn.
+            tokio::time::advance(Duration::from_secs(19)).await;
+            match h.next_event().await {
+                ConsumerEvent::Ack { delivery_id, .. } => assert_eq!(delivery_id.to_string(), id),
+                other => panic!("after freeze {round}: wanted the ACK's answer, got {other:?}"),
+            }
+            assert_eq!(
+                credit(peer.next_not_heartbeat().await),
+                1,
+                "after freeze {round}"
+            );
+        }
+        assert_eq!(h.stop().await.unanswered_acks, 0);
     }
 
     #[tokio::test(start_paused = true)]

@@ -494,6 +494,38 @@ fn line_time(line: &str) -> Option<f64> {
     Some(days as f64 * 86_400.0 + h * 3_600.0 + min * 60.0 + sec)
 }
 
+/// The consumers' stream reconnects, by the reason their logs give.
+fn reconnects(logs: &[String]) -> BTreeMap<String, usize> {
+    let mut by_reason = BTreeMap::new();
+    for line in logs.iter().flat_map(|l| l.lines()) {
+        if line.contains("stream disconnected") {
+            let reason = line
+                .split("reason=")
+                .nth(1)
+                .and_then(|r| r.split(" retry_in_ms=").next())
+                .unwrap_or("?");
+            *by_reason.entry(reason.to_owned()).or_insert(0) += 1;
+        }
+    }
+    by_reason
+}
+
+/// Writes the consume logs of a failed run under `target/nemesis/`, and says where: the
+/// violations quote a delivery's lines, but a cause may sit in lines about no delivery.
+fn keep_logs(seed: u64, logs: &[String]) {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/nemesis");
+    let path = dir.join(format!("seed-{seed}-consume.log"));
+    let written =
+        std::fs::create_dir_all(&dir).and_then(|()| std::fs::write(&path, logs.join("\n")));
+    match written {
+        Ok(()) => note(format_args!("the consume logs are in {}", path.display())),
+        Err(e) => note(format_args!(
+            "could not keep the consume logs in {}: {e}",
+            path.display()
+        )),
+    }
+}
+
 /// For every delivery with more than one attempt, why each earlier one ended without an
 /// ACK, from the consume logs: `delivery not acked` lines (by classification) and refused
 /// ACKs; or, for an attempt no handler ever saw, that its lease began while its consumer was
@@ -798,6 +830,20 @@ async fn a_seeded_schedule_of_partitions_pauses_and_kills_leaves_the_ledger_clea
             "a second attempt without a reason in the consume logs: {u}"
         ));
     }
+    // No fault touches the stream between a consumer and the platform (orbit-dev's own
+    // namespace is never cut), so a consumer that drops it misjudged a working stream, and
+    // whatever waited in it costs a lease.
+    let reconnects = reconnects(&world.logs);
+    if !reconnects.is_empty() {
+        violations.push(format!(
+            "a consumer dropped its stream to the platform, which no fault touched: {}",
+            reconnects
+                .iter()
+                .map(|(r, n)| format!("{n} x {r}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    }
     let retries: u64 = world
         .logs
         .iter()
@@ -854,6 +900,10 @@ async fn a_seeded_schedule_of_partitions_pauses_and_kills_leaves_the_ledger_clea
         }
     ));
     note(format_args!("| refused ACKs | {refused} |"));
+    note(format_args!(
+        "| stream reconnects | {} |",
+        reconnects.values().sum::<usize>()
+    ));
     note(format_args!("| retries inside applies | {retries} |"));
     note(format_args!("| violations | {} |", violations.len()));
     note(format_args!(
@@ -862,6 +912,9 @@ async fn a_seeded_schedule_of_partitions_pauses_and_kills_leaves_the_ledger_clea
     ));
     for v in &violations {
         note(format_args!("VIOLATION: {v}"));
+    }
+    if !violations.is_empty() {
+        keep_logs(seed, &world.logs);
     }
     note(format_args!("seed={seed}; replay: {replay}"));
 
@@ -914,6 +967,22 @@ fn an_extra_attempt_needs_a_line_or_a_lease_that_began_as_its_consumer_stopped()
     // A stop long before explains nothing.
     let (_, unexplained) = reasons(&attempts, &logs, &[(stop - 60.0, stop - 50.0)]);
     assert_eq!(unexplained.len(), 1);
+}
+
+#[test]
+fn a_dropped_stream_is_counted_by_the_reason_its_consumer_logged() {
+    let logs = vec![
+        "2026-12-05T16:49:45.1Z  WARN stream disconnected; reconnecting reason=an ACK went unanswered retry_in_ms=77\n\
+         2026-12-05T16:49:46.1Z  INFO delivery classification=applied delivery_id=\"d\" attempt=1"
+            .to_owned(),
+        "2026-12-05T16:50:00.0Z  WARN stream disconnected; reconnecting reason=an ACK went unanswered retry_in_ms=120".to_owned(),
+    ];
+    assert_eq!(
+        reconnects(&logs),
+        BTreeMap::from([("an ACK went unanswered".to_owned(), 2)])
+    );
+    let quiet = "2026-12-05T16:49:46.1Z  INFO delivery classification=applied delivery_id=\"d\"";
+    assert!(reconnects(&[quiet.to_owned()]).is_empty());
 }
 
 #[test]
