@@ -19,7 +19,10 @@
 //! - The connection is re-established with capped exponential backoff and jitter; a connect
 //!   that takes longer than [`EventConsumer::connect_timeout`] is abandoned; a silent
 //!   connection (no message for three heartbeat periods) or an ACK unanswered for
-//!   [`EventConsumer::ack_timeout`] counts as broken.
+//!   [`EventConsumer::ack_timeout`] counts as broken. Those clocks count only time in which
+//!   the consumer could read: after the process was stopped (SIGSTOP, a suspended machine),
+//!   what waits in the stream is read first and the clocks start again, so a working stream
+//!   and the deliveries in it are not dropped for a pause of the consumer's own.
 //! - [`Running::shutdown`] cancels in-flight handlers (their deliveries are not ACKed), hands
 //!   back the waiting deliveries and those still on the wire (until the stream has been quiet
 //!   for 250 ms, at most 2 s), and returns within its deadline.
@@ -47,6 +50,10 @@ use crate::wire::{AckResult, ClientMessage, LeaseProof, ServerMessage};
 
 /// How often the consumer sends a heartbeat; three periods of silence break the connection.
 pub const HEARTBEAT: Duration = Duration::from_secs(10);
+
+/// A heartbeat tick that comes this much after it was due means the stream's loop could not
+/// run for that long: nothing is judged by clocks that ran on while it could not read.
+const LATE_TICK: Duration = Duration::from_secs(1);
 
 /// How long opening the stream (TCP, TLS, WebSocket handshake) may take by default.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -669,7 +676,15 @@ where
                         }
                     }
                 }
-                _ = heartbeat.tick() => {
+                due = heartbeat.tick() => {
+                    if due.elapsed() > LATE_TICK {
+                        // The loop could not run (the process was stopped, or starved): what
+                        // the platform sent meanwhile may not have been read yet, so the
+                        // silence and the ACKs are timed again from now.
+                        let now = Instant::now();
+                        last_heard = now;
+                        pending.values_mut().for_each(|(_, sent)| *sent = now);
+                    }
                     if last_heard.elapsed() > HEARTBEAT * 3 {
                         broken = Some(StreamError::Silent);
                     } else if pending.values().any(|(_, sent)| sent.elapsed() > config.ack_timeout) {
@@ -1108,8 +1123,11 @@ mod tests {
             let id = format!("d{round}");
             peer.deliver(&id);
             // Frozen for 19 s once the delivery is read: its ACK goes out, the answer arrives
-            // meanwhile, and is readable when the ACK timeout (10 s) has long passed.
-            peer.freeze(Duration::from_secs(19));
+            // meanwhile, and is readable when the ACK timeout (10 s) has long passed. Every
+            // other round the socket turns readable a moment after the timers, as when the
+            // runtime sees the expired timer before the socket's readiness.
+            let lag = Duration::from_millis(if round % 2 == 0 { 0 } else { 5 });
+            peer.freeze(Duration::from_secs(19) + lag);
             assert_eq!(acked(peer.next_not_heartbeat().await), id);
             let answer =
                 format!(r#"{{"type":"ack_result","delivery_id":"{id}","result":"acked"}}"#);
