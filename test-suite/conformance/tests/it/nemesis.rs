@@ -553,6 +553,7 @@ fn reasons(
                 .split("classification=")
                 .nth(1)
                 .and_then(|r| r.split_whitespace().next())
+                .map(|c| c.trim_matches('"'))
                 .unwrap_or("?");
             format!("not acked: {c}")
         } else if line.contains("ack answered") && line.contains("Refused") {
