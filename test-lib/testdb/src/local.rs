@@ -64,13 +64,46 @@ pub(crate) fn find_program() -> Result<Program, Error> {
 }
 
 pub(crate) fn free_loopback_port() -> Result<u16, Error> {
-    // MariaDB reads --port=0 as "the default port", not "any": pick one here.
+    // MariaDB reads --port=0 as "the default port", not "any": pick one here. Below the
+    // kernel's ephemeral range: a port from `bind(…:0)` is free only until the next outgoing
+    // connection takes it as its local port, and a server (mariadbd, rsync's state transfer
+    // daemon) started a moment later then finds it taken.
+    const LOWEST: u32 = 10_000;
+    static DRAWN: AtomicU64 = AtomicU64::new(0);
+    let below = ephemeral_start().min(32_768);
+    if below > LOWEST + 1_000 {
+        let span = below - LOWEST;
+        let mut x = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(1)
+            ^ (u64::from(std::process::id()) << 32)
+            ^ DRAWN.fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed);
+        for _ in 0..64 {
+            // xorshift: a spread of ports, different in every process and every call.
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let port = (LOWEST + (x % u64::from(span)) as u32) as u16;
+            if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+                return Ok(port);
+            }
+        }
+    }
     let listener =
         TcpListener::bind("127.0.0.1:0").map_err(Error::io("cannot find a free loopback port"))?;
     listener
         .local_addr()
         .map(|a| a.port())
         .map_err(Error::io("cannot find a free loopback port"))
+}
+
+/// The first port of the kernel's ephemeral range (32768 when it cannot be read).
+fn ephemeral_start() -> u32 {
+    fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse().ok())
+        .unwrap_or(32_768)
 }
 
 pub(crate) fn tail(path: &Path, bytes: u64) -> String {
@@ -388,5 +421,28 @@ impl Drop for LocalServer {
         self.kill();
         unregister_pid(self.pid.load(Ordering::SeqCst));
         let _ = fs::remove_dir_all(&self.dir);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_free_port_lies_below_the_ephemeral_range_and_differs_between_calls() {
+        let below = ephemeral_start();
+        let ports: Vec<u16> = (0..20).map(|_| free_loopback_port().unwrap()).collect();
+        if below > 11_000 {
+            assert!(
+                ports
+                    .iter()
+                    .all(|p| u32::from(*p) >= 10_000 && u32::from(*p) < below),
+                "{ports:?} (ephemeral range from {below})"
+            );
+        }
+        let mut distinct = ports.clone();
+        distinct.sort_unstable();
+        distinct.dedup();
+        assert!(distinct.len() >= 18, "{ports:?}");
     }
 }
