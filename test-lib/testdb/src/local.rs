@@ -6,6 +6,7 @@
 //! dies with the test process.
 
 use std::fs;
+use std::hash::{BuildHasher, Hasher};
 use std::io::{Read, Seek, SeekFrom};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -69,22 +70,15 @@ pub(crate) fn free_loopback_port() -> Result<u16, Error> {
     // connection takes it as its local port, and a server (mariadbd, rsync's state transfer
     // daemon) started a moment later then finds it taken.
     const LOWEST: u32 = 10_000;
-    static DRAWN: AtomicU64 = AtomicU64::new(0);
     let below = ephemeral_start().min(32_768);
     if below > LOWEST + 1_000 {
-        let span = below - LOWEST;
-        let mut x = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos() as u64)
-            .unwrap_or(1)
-            ^ (u64::from(std::process::id()) << 32)
-            ^ DRAWN.fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed);
         for _ in 0..64 {
-            // xorshift: a spread of ports, different in every process and every call.
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            let port = (LOWEST + (x % u64::from(span)) as u32) as u16;
+            // std's randomly keyed hasher, as `provision` uses it: a different draw in every
+            // process and every call.
+            let draw = std::collections::hash_map::RandomState::new()
+                .build_hasher()
+                .finish();
+            let port = (LOWEST + (draw % u64::from(below - LOWEST)) as u32) as u16;
             if TcpListener::bind(("127.0.0.1", port)).is_ok() {
                 return Ok(port);
             }
