@@ -144,6 +144,13 @@ fn a_killed_run_leaves_no_process_and_the_next_run_sweeps_its_directories() {
             (pids.len() == 4).then_some(pids)
         })
         .expect("the doomed run did not set up within 60 s");
+    // Counted before the kill: namespaces are the machine's, not under our TMPDIR, so once
+    // the owner is dead any run's sweep (another suite's, side by side) may take them.
+    assert_eq!(
+        testdb::netns::namespaces_of(child_pid).len(),
+        2,
+        "the doomed run made its bridge and member namespaces"
+    );
     child.kill().unwrap();
     child.wait().unwrap();
     // PR_SET_PDEATHSIG takes the server, the platform, the consumer and the sleeper with it.
@@ -151,11 +158,6 @@ fn a_killed_run_leaves_no_process_and_the_next_run_sweeps_its_directories() {
     assert!(
         !files_under(&tmp).is_empty(),
         "a killed run cannot clean up: its directories stay until the next run"
-    );
-    assert_eq!(
-        testdb::netns::namespaces_of(child_pid).len(),
-        2,
-        "a killed run cannot clean up: its bridge and member namespaces stay until the next run"
     );
     // The next run (here: a process that only asks for a scratch directory) sweeps them.
     let sweep = Command::new(std::env::current_exe().unwrap())
