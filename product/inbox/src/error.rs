@@ -18,6 +18,12 @@ pub(crate) const ER_LOCK_DEADLOCK: u16 = 1213;
 /// "Connections using insecure transport are prohibited" (MySQL). MariaDB 10.11 refuses the
 /// same connection as access denied (1045), which [`StorageError::for_dsn`] explains.
 const ER_SECURE_TRANSPORT_REQUIRED: u16 = 3159;
+/// "The server is running with the --read-only option": a demoted primary, or a replica.
+pub(crate) const ER_OPTION_PREVENTS_STATEMENT: u16 = 1290;
+/// "Cannot execute statement in a READ ONLY transaction".
+pub(crate) const ER_CANT_EXECUTE_IN_READ_ONLY_TRANSACTION: u16 = 1792;
+/// MySQL 8: "Running in read-only mode" (`super_read_only`, a read-only InnoDB).
+pub(crate) const ER_READ_ONLY_MODE: u16 = 1836;
 
 /// Which conflict: the platform sent something that contradicts what is already recorded.
 /// Redelivery will not fix it; a person must look at the source.
@@ -83,6 +89,22 @@ pub enum StorageKind {
     Unavailable,
     /// The server did not answer a probe in time (it may be stopped or overloaded).
     NotAnswering,
+    /// The server refuses writes: 1290 (`--read-only`), 1792 (a read-only transaction),
+    /// MySQL's 1836, or a health probe that read `@@global.read_only` = 1. A demoted primary
+    /// after a failover, or a replica behind the DSN's address: waiting for the address to
+    /// reach the writable primary cures it, so it holds deliveries like an outage. Classified
+    /// by error number only (MariaDB 12 changed 1290's text). The connection that met it is
+    /// closed, never reused: a pool that keeps connections to a demoted primary keeps writing
+    /// to it.
+    ReadOnly,
+    /// A store that requires a replica's acknowledgement: the primary reports that no replica acknowledges its
+    /// commits (semi-synchronous replication is off, or fell back to asynchronous), so a
+    /// commit it confirms may exist on that one server only. Nothing may be ACKed on it.
+    Unreplicated,
+    /// The replica-acknowledgement requirement cannot be honoured on this server (why): no
+    /// semi-synchronous replication, not enabled, or a wait point other than `AFTER_SYNC`.
+    /// Waiting will not help; the server's settings or the requirement must change.
+    ReplicaAckUnsupported(&'static str),
     /// The receiver's tables are missing (run `receiver init`).
     SchemaMissing,
     /// The server refused the account's user name and password (1045).
@@ -111,12 +133,23 @@ impl StorageError {
     }
 
     pub(crate) fn not_answering() -> Self {
+        Self::of_kind(StorageKind::NotAnswering)
+    }
+
+    /// A failure of `kind` found by reading the server's state, with no error number.
+    pub(crate) fn of_kind(kind: StorageKind) -> Self {
         StorageError {
-            kind: StorageKind::NotAnswering,
+            kind,
             number: None,
             sqlstate: None,
             hint: None,
         }
+    }
+
+    /// This error with `hint` after its text.
+    pub(crate) fn with_hint(mut self, hint: &'static str) -> Self {
+        self.hint = Some(hint);
+        self
     }
 
     /// A refused connection, read with what the DSN asked for: a server that requires TLS
@@ -153,6 +186,11 @@ impl StorageError {
                     Some(1146) => StorageKind::SchemaMissing,
                     Some(ER_SECURE_TRANSPORT_REQUIRED) => StorageKind::Tls(TlsProblem::Required),
                     Some(1045) => StorageKind::AccessDenied,
+                    Some(
+                        ER_OPTION_PREVENTS_STATEMENT
+                        | ER_CANT_EXECUTE_IN_READ_ONLY_TRANSACTION
+                        | ER_READ_ONLY_MODE,
+                    ) => StorageKind::ReadOnly,
                     Some(1044 | 1142 | 1143 | 1227) => StorageKind::PermissionDenied,
                     // Too many connections, server shutting down, connection killed
                     // (MariaDB's 1927, MySQL's 3169), disconnected for inactivity (4031).
@@ -213,6 +251,7 @@ impl StorageError {
                 | StorageKind::LockWaitTimeout
                 | StorageKind::Unavailable
                 | StorageKind::NotAnswering
+                | StorageKind::ReadOnly
         )
     }
 
@@ -221,8 +260,18 @@ impl StorageError {
     pub fn is_unavailable(&self) -> bool {
         matches!(
             self.kind,
-            StorageKind::Unavailable | StorageKind::NotAnswering
+            StorageKind::Unavailable
+                | StorageKind::NotAnswering
+                | StorageKind::ReadOnly
+                | StorageKind::Unreplicated
         )
+    }
+
+    /// Whether the connection that met this error must be closed rather than reused: it broke,
+    /// or it leads to a server that refuses writes (the next connection may reach the new
+    /// primary; this one never will).
+    pub fn discards_connection(&self) -> bool {
+        matches!(self.kind, StorageKind::Unavailable | StorageKind::ReadOnly)
     }
 }
 
@@ -233,6 +282,12 @@ impl fmt::Display for StorageError {
             StorageKind::LockWaitTimeout => "lock wait timeout, retryable",
             StorageKind::Unavailable => "database unavailable, retryable",
             StorageKind::NotAnswering => "database not answering, retryable",
+            StorageKind::ReadOnly => {
+                "database read-only (a demoted primary or a replica?): waiting for a writable primary"
+            }
+            StorageKind::Unreplicated => {
+                "no replica acknowledges the primary's commits (semi-synchronous replication is off): nothing is ACKed until one does"
+            }
             StorageKind::SchemaMissing => {
                 "receiver tables missing: run `receiver init` against this database"
             }
@@ -255,6 +310,10 @@ impl fmt::Display for StorageError {
                 };
                 write!(f, "TLS: {}: ", problem.describe())?;
                 check
+            }
+            StorageKind::ReplicaAckUnsupported(why) => {
+                write!(f, "the replica acknowledgement required cannot be honoured: ")?;
+                why
             }
             StorageKind::PermissionDenied => {
                 "permission denied: see schema/grants.sql for what the account needs"
@@ -298,6 +357,12 @@ pub enum ApplyError {
     // (`duration_ms`, from the delivery's arrival); the budget is the variant's value.
     #[error("timeout: the apply ran out of its time budget before COMMIT; nothing was committed")]
     Timeout(Duration),
+    /// Committed (with this outcome) on a primary that reports no replica acknowledging its
+    /// commits, then or within the apply's budget (`StoreOptions::require_replica_ack`): the
+    /// transaction may exist on that one server only, so it must not be ACKed. A redelivery
+    /// finds it as a duplicate, and is ACKed once a replica has it.
+    #[error("unreplicated: committed, but no replica acknowledges the primary's commits (semi-synchronous replication is off); not ACKed until one does")]
+    Unreplicated(crate::store::Outcome),
     /// The database failed; nothing was committed.
     #[error("storage_error: {0}")]
     Storage(StorageError),
@@ -324,13 +389,14 @@ fn write_code(e: &WriteError) -> String {
 }
 
 impl ApplyError {
-    /// The stable lowercase name: `rejected`, `conflict`, `commit_unconfirmed`, `timeout`,
-    /// `storage_error` or `write_failed`.
+    /// The stable lowercase name: `rejected`, `conflict`, `commit_unconfirmed`,
+    /// `unreplicated`, `timeout`, `storage_error` or `write_failed`.
     pub fn kind(&self) -> &'static str {
         match self {
             ApplyError::Rejected(_) => "rejected",
             ApplyError::Conflict(_) => "conflict",
             ApplyError::CommitUnconfirmed => "commit_unconfirmed",
+            ApplyError::Unreplicated(_) => "unreplicated",
             ApplyError::Timeout(_) => "timeout",
             ApplyError::Storage(_) => "storage_error",
             ApplyError::Write(_) => "write_failed",
@@ -341,7 +407,10 @@ impl ApplyError {
     pub fn is_retryable(&self) -> bool {
         match self {
             ApplyError::Rejected(_) | ApplyError::Conflict(_) => false,
-            ApplyError::CommitUnconfirmed | ApplyError::Timeout(_) | ApplyError::Write(_) => true,
+            ApplyError::CommitUnconfirmed
+            | ApplyError::Unreplicated(_)
+            | ApplyError::Timeout(_)
+            | ApplyError::Write(_) => true,
             ApplyError::Storage(e) => e.is_retryable(),
         }
     }

@@ -17,6 +17,7 @@
 
 pub use canonical_form as canonical;
 pub mod dsn;
+pub mod durability;
 pub mod error;
 pub mod event;
 #[cfg(feature = "fault-hooks")]

@@ -87,6 +87,7 @@ use tokio::time::Instant;
 
 use crate::canonical::Digest;
 use crate::dsn::Dsn;
+use crate::durability;
 use crate::error::{mysql_number, ER_DUP_ENTRY};
 pub use crate::error::{ApplyError, Conflict, StorageError, StorageKind, WriteError};
 use crate::event::{Rejection, TaskEvent};
@@ -95,6 +96,10 @@ use crate::pool::{Lease, Pool, KILL_TIMEOUT};
 
 /// One apply, from taking a connection to the answer to COMMIT, takes at most this long.
 pub const APPLY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How often an apply that committed reads the primary's semi-synchronous status again while
+/// it reports no replica acknowledging ([`StoreOptions::require_replica_ack`]).
+pub const REPLICA_POLL: Duration = Duration::from_millis(100);
 
 /// How long [`Store::connect`] waits for the server's answer to its first query.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -280,6 +285,12 @@ pub struct StoreOptions {
     pub max_connections: u32,
     /// The time budget of one apply.
     pub apply_timeout: Duration,
+    /// Require that a replica holds every commit before the apply reports success (lossless
+    /// semi-synchronous replication; see [`crate::durability`]): [`Store::connect`] refuses a
+    /// server that cannot honour it, [`Store::check`] fails while the primary reports no
+    /// replica acknowledging, and an apply whose commit no replica holds within its budget
+    /// ends in [`ApplyError::Unreplicated`].
+    pub require_replica_ack: bool,
     /// Test builds only: awaited at [`crate::hooks::POINTS`].
     #[cfg(feature = "fault-hooks")]
     pub barrier: Option<crate::hooks::BarrierHook>,
@@ -294,6 +305,7 @@ impl Default for StoreOptions {
         StoreOptions {
             max_connections: 8,
             apply_timeout: APPLY_TIMEOUT,
+            require_replica_ack: false,
             #[cfg(feature = "fault-hooks")]
             barrier: None,
             #[cfg(feature = "mutants")]
@@ -312,6 +324,12 @@ impl StoreOptions {
     /// These options with a time budget of `budget` per apply.
     pub fn apply_timeout(mut self, budget: Duration) -> Self {
         self.apply_timeout = budget;
+        self
+    }
+
+    /// These options requiring (or not) a replica's acknowledgement of every commit.
+    pub fn require_replica_ack(mut self, required: bool) -> Self {
+        self.require_replica_ack = required;
         self
     }
 }
@@ -342,6 +360,7 @@ pub struct Store {
     consumer: ConsumerName,
     queue: QueueId,
     apply_timeout: Duration,
+    require_replica_ack: bool,
     statements: &'static Statements,
     #[cfg(feature = "fault-hooks")]
     barrier: Option<crate::hooks::BarrierHook>,
@@ -400,16 +419,20 @@ pub enum RetryReason {
     CommitError,
     /// The connection broke or the server refused service before COMMIT was sent.
     Unavailable,
+    /// The server refused a write as read-only (1290, 1792, 1836): a demoted primary, or an
+    /// address that does not yet lead to the new one. Retried on a new connection.
+    ReadOnly,
 }
 
 impl RetryReason {
     /// Every reason, in a fixed order.
-    pub const ALL: [RetryReason; 5] = [
+    pub const ALL: [RetryReason; 6] = [
         RetryReason::Deadlock,
         RetryReason::LockWait,
         RetryReason::Certification,
         RetryReason::CommitError,
         RetryReason::Unavailable,
+        RetryReason::ReadOnly,
     ];
 
     /// The stable lowercase name (a metric label).
@@ -420,6 +443,7 @@ impl RetryReason {
             RetryReason::Certification => "certification",
             RetryReason::CommitError => "commit_error",
             RetryReason::Unavailable => "unavailable",
+            RetryReason::ReadOnly => "read_only",
         }
     }
 
@@ -429,6 +453,7 @@ impl RetryReason {
             (StorageKind::Deadlock, true) => RetryReason::Certification,
             (StorageKind::Deadlock, false) => RetryReason::Deadlock,
             (StorageKind::LockWaitTimeout, _) => RetryReason::LockWait,
+            (StorageKind::ReadOnly, _) => RetryReason::ReadOnly,
             (_, true) => RetryReason::CommitError,
             _ => RetryReason::Unavailable,
         }
@@ -437,7 +462,7 @@ impl RetryReason {
 
 /// Restarts counted by reason.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Retries([u32; 5]);
+pub struct Retries([u32; RetryReason::ALL.len()]);
 
 impl FromIterator<RetryReason> for Retries {
     fn from_iter<I: IntoIterator<Item = RetryReason>>(reasons: I) -> Retries {
@@ -495,16 +520,33 @@ impl Store {
             consumer,
             queue,
             apply_timeout: options.apply_timeout,
+            require_replica_ack: options.require_replica_ack,
             statements,
             #[cfg(feature = "fault-hooks")]
             barrier: options.barrier,
         };
         // Fail at start, not at the first event, when `init` was never run. A server that
         // accepts the connection and then says nothing must not hold the start forever.
-        match tokio::time::timeout(CONNECT_TIMEOUT, store.read(sqlx::query(SCHEMA_CHECK))).await {
-            Ok(result) => result.map(|_| store).map_err(|e| e.for_dsn(dsn)),
+        let first = async {
+            store.read(sqlx::query(SCHEMA_CHECK)).await?;
+            if store.require_replica_ack {
+                // A server that can never honour the requirement is refused now, not held
+                // for forever; one whose replica is only late is waited for like an outage.
+                let mut conn = store.pool.acquire().await.map_err(storage)?;
+                durability::check_replica_ack_settings(conn.get()).await?;
+                conn.clean();
+            }
+            Ok::<(), StorageError>(())
+        };
+        match tokio::time::timeout(CONNECT_TIMEOUT, first).await {
+            Ok(result) => result.map(|()| store).map_err(|e| e.for_dsn(dsn)),
             Err(_) => Err(StorageError::not_answering()),
         }
+    }
+
+    /// Whether this store requires a replica's acknowledgement of every commit.
+    pub fn requires_replica_ack(&self) -> bool {
+        self.require_replica_ack
     }
 
     /// The consumer name this store records under.
@@ -530,7 +572,11 @@ impl Store {
     /// Whether the database serves this store now, on `probe`'s own connection (kept between
     /// calls, opened again after a failure), within `within`. Cheap enough to call four times
     /// a second: one statement that reads no row, naming the tables, because a Galera node
-    /// outside the primary component answers `SELECT 1` but refuses every table (1047).
+    /// outside the primary component answers `SELECT 1` but refuses every table (1047); one
+    /// that reads `@@global.read_only`, because a demoted primary answers every read and
+    /// refuses every write ([`StorageKind::ReadOnly`]); and, when the store requires a
+    /// replica's acknowledgement, the primary's semi-synchronous status
+    /// ([`StorageKind::Unreplicated`] while it is off).
     pub async fn check(
         &self,
         probe: &mut HealthProbe,
@@ -539,12 +585,17 @@ impl Store {
         let attempt = async {
             let conn = match &mut probe.conn {
                 Some(conn) => conn,
-                slot => slot.insert(self.pool.open().await?),
+                slot => slot.insert(self.pool.open().await.map_err(storage)?),
             };
-            conn.raw.execute(SCHEMA_CHECK).await.map(|_| ())
+            conn.raw.execute(SCHEMA_CHECK).await.map_err(storage)?;
+            durability::check_writable(&mut conn.raw).await?;
+            if self.require_replica_ack {
+                durability::check_replica_ack(&mut conn.raw).await?;
+            }
+            Ok(())
         };
         let result = match tokio::time::timeout(within, attempt).await {
-            Ok(result) => result.map_err(storage),
+            Ok(result) => result,
             Err(_) => Err(StorageError::not_answering()),
         };
         if result.is_err() {
@@ -639,7 +690,7 @@ impl Store {
         let commit_sent = AtomicBool::new(false);
         let ran = tokio::time::timeout_at(
             end,
-            self.run_transaction(&mut conn, event, write, &commit_sent),
+            self.run_transaction(&mut conn, event, write, &commit_sent, end),
         )
         .await;
         let at_commit = commit_sent.load(Ordering::SeqCst);
@@ -660,18 +711,21 @@ impl Store {
     }
 
     /// The transaction and what follows it on the same connection: the duplicate's verdict,
-    /// or a ROLLBACK after an error. Leaves the lease clean when the connection may be reused.
+    /// or a ROLLBACK after an error; then, when the store requires it, a replica's
+    /// acknowledgement of what is recorded, waited for until `end`. Leaves the lease clean
+    /// when the connection may be reused.
     async fn run_transaction(
         &self,
         conn: &mut Lease<'_>,
         event: &TaskEvent,
         write: &dyn BusinessWrite,
         commit_sent: &AtomicBool,
+        end: Instant,
     ) -> Result<Outcome, ApplyError> {
         let attempt = self
             .transaction(conn.get(), event, write, commit_sent)
             .await;
-        match attempt {
+        let recorded = match attempt {
             Ok(Step::Committed(outcome)) => {
                 conn.clean();
                 Ok(outcome)
@@ -687,8 +741,10 @@ impl Store {
             Err(e) => {
                 // Before COMMIT, a clean ROLLBACK keeps the connection; after COMMIT was sent,
                 // or if ROLLBACK fails, the connection is closed. A transport failure cannot be
-                // rolled back from here: the server does it when it sees the socket close.
-                if matches!(&e, ApplyError::Storage(s) if s.kind() == StorageKind::Unavailable) {
+                // rolled back from here: the server does it when it sees the socket close. A
+                // read-only refusal closes it too: it leads to a server that will not take
+                // writes, and the next connection may reach the new primary.
+                if matches!(&e, ApplyError::Storage(s) if s.discards_connection()) {
                     conn.broken();
                 } else if !commit_sent.load(Ordering::SeqCst)
                     && conn.get().execute("ROLLBACK").await.is_ok()
@@ -697,6 +753,38 @@ impl Store {
                 }
                 Err(e)
             }
+        };
+        match recorded {
+            Ok(outcome) if self.require_replica_ack => self.await_replica(conn, outcome, end).await,
+            other => other,
+        }
+    }
+
+    /// After a commit or a duplicate's verdict, on the same connection (so the same server):
+    /// `outcome` once the primary reports a replica acknowledging, read after that answer
+    /// (see [`crate::durability`] for why that is enough), polled until shortly before `end`;
+    /// [`ApplyError::Unreplicated`] if it never does.
+    async fn await_replica(
+        &self,
+        conn: &mut Lease<'_>,
+        outcome: Outcome,
+        end: Instant,
+    ) -> Result<Outcome, ApplyError> {
+        loop {
+            match durability::check_replica_ack(conn.get()).await {
+                Ok(()) => return Ok(outcome),
+                Err(e) if e.kind() == StorageKind::Unreplicated => {}
+                // The status could not be read: what is recorded is not known to be on a
+                // replica either.
+                Err(_) => {
+                    conn.broken();
+                    return Err(ApplyError::Unreplicated(outcome));
+                }
+            }
+            if Instant::now() + REPLICA_POLL * 2 >= end {
+                return Err(ApplyError::Unreplicated(outcome));
+            }
+            tokio::time::sleep(REPLICA_POLL).await;
         }
     }
 

@@ -295,9 +295,10 @@ pub const CONSUME_HELP: &str = "usage: receiver consume
 Applies every delivery of the subscription ORBIT_SUBSCRIPTION_ID, four at a time unless
 RECEIVER_CONCURRENCY says otherwise, logging one
 line per delivery (applied, duplicate, stale, conflict, rejected:<kind>, commit_unconfirmed,
-storage_error, timeout, write_failed). Refuses to start if the subscription's queue is not the
-configured one, or if RECEIVER_APPLY_TIMEOUT does not leave the lease a second for the ACK.
-While the database is unavailable (at start or later) it takes no delivery and says so.
+unreplicated, storage_error, timeout, write_failed). Refuses to start if the subscription's
+queue is not the configured one, or if RECEIVER_APPLY_TIMEOUT does not leave the lease a second
+for the ACK. While the database is unavailable or read-only (at start or later) it takes no
+delivery and says so.
 SIGINT or SIGTERM cancels in-flight handlers and exits within 10 s; the subscription is never
 paused.
 
@@ -306,6 +307,8 @@ environment:
   RECEIVER_APPLY_TIMEOUT  the budget of one apply: 5s unless set, e.g. 2500ms
   RECEIVER_CONCURRENCY    deliveries applied at once, 1 to 256: 4 unless set
   RECEIVER_METRICS_LISTEN where to serve /metrics, /healthz, /readyz (unset: nowhere)
+  RECEIVER_REQUIRE_REPLICA_ACK  1: ACK only what a replica holds (lossless semi-sync);
+                          0 unless set
   ORBIT_URL, ORBIT_CREDENTIALS_FILE, ORBIT_TOKEN, ORBIT_QUEUE_ID, ORBIT_RECEIVER_DSN,
   RECEIVER_NAME, RECEIVER_LOG_FORMAT   as for demo";
 

@@ -43,6 +43,12 @@ pub const APPLY_TIMEOUT_RANGE: (std::time::Duration, std::time::Duration) = (
     std::time::Duration::from_secs(600),
 );
 
+/// `1` makes `consume` require that a replica holds every commit before it is ACKed: the
+/// primary must run lossless semi-synchronous replication (wait point `AFTER_SYNC`), and while
+/// it reports no replica acknowledging, deliveries are held and nothing committed meanwhile
+/// is ACKed. `0` or unset: off.
+pub const RECEIVER_REQUIRE_REPLICA_ACK: &str = "RECEIVER_REQUIRE_REPLICA_ACK";
+
 /// How many deliveries `consume` applies at once (default [`DEFAULT_CONCURRENCY`], the
 /// source's 4), within [`CONCURRENCY_RANGE`].
 pub const RECEIVER_CONCURRENCY: &str = "RECEIVER_CONCURRENCY";
@@ -95,6 +101,7 @@ pub const ALL_VARIABLES: &[&str] = &[
     RECEIVER_METRICS_LISTEN,
     RECEIVER_APPLY_TIMEOUT,
     RECEIVER_CONCURRENCY,
+    RECEIVER_REQUIRE_REPLICA_ACK,
 ];
 
 /// The variables whose values are not UTF-8 (which [`ProcessEnv`] passes on with U+FFFD in
@@ -426,6 +433,27 @@ pub struct ConsumeConfig {
     pub apply_timeout: Option<std::time::Duration>,
     /// Deliveries applied at once.
     pub concurrency: usize,
+    /// [`RECEIVER_REQUIRE_REPLICA_ACK`].
+    pub require_replica_ack: bool,
+}
+
+/// Reads `RECEIVER_REQUIRE_REPLICA_ACK`: `0` or `1` (unset: `0`).
+fn require_replica_ack(source: &dyn Source, errors: &mut Vec<ConfigError>) -> bool {
+    match source
+        .get(RECEIVER_REQUIRE_REPLICA_ACK)
+        .as_deref()
+        .map(str::trim)
+    {
+        None | Some("0") => false,
+        Some("1") => true,
+        Some(_) => {
+            errors.push(ConfigError {
+                variable: RECEIVER_REQUIRE_REPLICA_ACK,
+                problem: "must be 0 or 1 (1: ACK only what a replica holds, with lossless semi-synchronous replication)".into(),
+            });
+            false
+        }
+    }
 }
 
 /// Reads `RECEIVER_CONCURRENCY`: a whole number within [`CONCURRENCY_RANGE`].
@@ -520,6 +548,7 @@ impl ConsumeConfig {
         let metrics = metrics_listen(source, &mut errors);
         let apply_timeout = apply_timeout(source, &mut errors);
         let concurrency = concurrency(source, &mut errors);
+        let require_replica_ack = require_replica_ack(source, &mut errors);
         match (run, subscription) {
             (Some(run), Some(subscription)) if errors.is_empty() => Ok(ConsumeConfig {
                 run,
@@ -527,6 +556,7 @@ impl ConsumeConfig {
                 metrics,
                 apply_timeout,
                 concurrency,
+                require_replica_ack,
             }),
             _ => Err(ConfigErrors(errors)),
         }
@@ -652,6 +682,28 @@ mod tests {
             receiver_name(&env, &mut errors).unwrap().as_str(),
             "task-result-view"
         );
+    }
+
+    #[test]
+    fn the_replica_ack_requirement_is_0_or_1() {
+        for (v, want) in [
+            ("0", Some(false)),
+            ("1", Some(true)),
+            (" 1 ", Some(true)),
+            ("yes", None),
+            ("2", None),
+        ] {
+            let env: HashMap<&str, &str> =
+                [(RECEIVER_REQUIRE_REPLICA_ACK, v)].into_iter().collect();
+            let mut errors = Vec::new();
+            let got = require_replica_ack(&env, &mut errors);
+            match want {
+                Some(w) => assert!(errors.is_empty() && got == w, "{v:?}"),
+                None => assert_eq!(errors[0].to_string(), "RECEIVER_REQUIRE_REPLICA_ACK must be 0 or 1 (1: ACK only what a replica holds, with lossless semi-synchronous replication)"),
+            }
+        }
+        let unset: HashMap<&str, &str> = HashMap::new();
+        assert!(!require_replica_ack(&unset, &mut Vec::new()));
     }
 
     #[test]

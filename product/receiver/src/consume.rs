@@ -20,7 +20,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use orbit_sdk::{Client, ConsumerEvent, CreditGate, EventConsumer};
+use orbit_sdk::{Client, ConsumerEvent, CreditGate, EventConsumer, Release};
 
 use crate::config::ConsumeConfig;
 use crate::delivery::{apply_raw, Handled, NotAcked};
@@ -47,6 +47,8 @@ pub const DRAIN: Duration = Duration::from_secs(8);
 pub enum ConsumeError {
     #[error("cannot connect to the receiver database: {0}")]
     Store(#[source] result_inbox::StorageError),
+    #[error("RECEIVER_REQUIRE_REPLICA_ACK=1 cannot be honoured by the receiver database: {0}: refusing to start")]
+    ReplicaAck(&'static str),
     #[error("cannot use the platform: {0}")]
     Platform(#[source] orbit_sdk::SdkError),
     #[error("cannot listen for SIGTERM/SIGINT: {0}")]
@@ -102,7 +104,8 @@ async fn start(
     }
     let options = StoreOptions::default()
         .max_connections(config.concurrency as u32 + 1)
-        .apply_timeout(config.apply_timeout.unwrap_or(result_inbox::APPLY_TIMEOUT));
+        .apply_timeout(config.apply_timeout.unwrap_or(result_inbox::APPLY_TIMEOUT))
+        .require_replica_ack(config.require_replica_ack);
     #[cfg(feature = "fault-barriers")]
     let options = crate::fault::hook_store(options);
     let options = (seams.store_options)(options);
@@ -133,7 +136,10 @@ async fn connect_store(
         },
     )
     .await
-    .map_err(ConsumeError::Store)
+    .map_err(|e| match e.kind() {
+        result_inbox::StorageKind::ReplicaAckUnsupported(why) => ConsumeError::ReplicaAck(why),
+        _ => ConsumeError::Store(e),
+    })
 }
 
 /// How `consume` applies one delivered event, finishing by the deadline, before it decides on
@@ -269,8 +275,20 @@ pub async fn run_with(
                     crate::fault::barrier("after_commit", h.event_id.as_deref().unwrap_or("-"))
                         .await;
                     Ok(())
+                } else if h.releasable && outage.confirmed().await {
+                    // The database cannot serve now, as a probe of its own confirms, and
+                    // nothing of this apply is in doubt: hand the delivery back unattempted
+                    // (held deliveries come again once the probe succeeds).
+                    tracing::info!(
+                        delivery_id = %d.delivery_id,
+                        attempt = d.attempt,
+                        "released: the database cannot serve now; the platform counts no attempt"
+                    );
+                    Err(Box::new(Release(Box::new(NotAcked(h.classification))))
+                        as Box<dyn std::error::Error + Send + Sync>)
                 } else {
-                    Err(NotAcked(h.classification))
+                    Err(Box::new(NotAcked(h.classification))
+                        as Box<dyn std::error::Error + Send + Sync>)
                 }
             }
         })

@@ -55,6 +55,7 @@ struct Inner {
     in_flight: Gauge,
     held: Gauge,
     database_up: Gauge,
+    replica_ack: Gauge,
     last_applied: Gauge<f64, AtomicU64>,
     acks: Family<ResultLabel, Counter>,
     subscription_checked: AtomicBool,
@@ -102,7 +103,7 @@ impl Metrics {
         }
         registry.register(
             "apply_retries",
-            "Transactions restarted inside an apply after a definite rollback, by reason: deadlock, lock_wait, certification (1213 in reply to COMMIT: Galera), commit_error, unavailable",
+            "Transactions restarted inside an apply after a definite rollback, by reason: deadlock, lock_wait, certification (1213 in reply to COMMIT: Galera), commit_error, unavailable, read_only (a demoted primary: 1290, 1792, 1836)",
             retries.clone(),
         );
         let in_flight = Gauge::default();
@@ -123,6 +124,13 @@ impl Metrics {
             "database_up",
             "0 from a failed probe of the receiver database until one succeeds",
             database_up.clone(),
+        );
+        let replica_ack = Gauge::default();
+        replica_ack.set(1);
+        registry.register(
+            "replica_ack",
+            "With RECEIVER_REQUIRE_REPLICA_ACK=1: 0 while the primary reports no replica acknowledging its commits (semi-sync off): deliveries are held and nothing committed meanwhile is ACKed; always 1 without it",
+            replica_ack.clone(),
         );
         let last_applied = Gauge::<f64, AtomicU64>::default();
         registry.register(
@@ -145,6 +153,7 @@ impl Metrics {
             in_flight,
             held,
             database_up,
+            replica_ack,
             last_applied,
             acks,
             subscription_checked: AtomicBool::new(false),
@@ -199,6 +208,12 @@ impl Metrics {
         self.0.held.set(i64::from(holding));
     }
 
+    /// Whether the primary reports a replica acknowledging its commits (always true when the
+    /// receiver does not require it).
+    pub fn replica_ack(&self, acknowledged: bool) {
+        self.0.replica_ack.set(i64::from(acknowledged));
+    }
+
     /// Whether new deliveries are held (an apply's suspicion, before a probe decides).
     pub fn holding(&self, holding: bool) {
         self.0.held.set(i64::from(holding));
@@ -210,7 +225,9 @@ impl Metrics {
     }
 
     fn ready(&self) -> bool {
-        self.0.subscription_checked.load(Ordering::SeqCst) && self.0.database_up.get() == 1
+        self.0.subscription_checked.load(Ordering::SeqCst)
+            && self.0.database_up.get() == 1
+            && self.0.replica_ack.get() == 1
     }
 
     /// The text exposition of every metric.
@@ -256,10 +273,15 @@ async fn readyz(State(m): State<Metrics>) -> impl IntoResponse {
             StatusCode::SERVICE_UNAVAILABLE,
             "not ready: the subscription has not been checked yet\n",
         )
+    } else if m.0.database_up.get() == 1 {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not ready: no replica acknowledges the primary's commits\n",
+        )
     } else {
         (
             StatusCode::SERVICE_UNAVAILABLE,
-            "not ready: the receiver database does not answer\n",
+            "not ready: the receiver database does not answer or refuses writes\n",
         )
     }
 }
@@ -278,6 +300,7 @@ mod tests {
             reasons,
             detail: None,
             suspect_database: false,
+            releasable: false,
         }
     }
 
@@ -322,6 +345,11 @@ mod tests {
         m.subscription_checked();
         assert!(!m.ready(), "not ready while the database is down");
         m.database(true, false);
+        assert!(m.ready());
+        m.replica_ack(false);
+        assert!(!m.ready(), "not ready while no replica acknowledges");
+        assert!(m.encode().lines().any(|l| l == "receiver_replica_ack 0"));
+        m.replica_ack(true);
         assert!(m.ready());
     }
 }

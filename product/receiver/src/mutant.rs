@@ -171,6 +171,7 @@ fn apply<'a>(
                     reasons: Default::default(),
                     detail: None,
                     suspect_database: false,
+                    releasable: false,
                 }
             }
             Some(Mutant::UnconfirmedIsSuccess) => {
@@ -293,6 +294,7 @@ async fn split_commit(
         reasons: Default::default(),
         detail: view.err().map(|e| e.to_string()),
         suspect_database: false,
+        releasable: false,
     }
 }
 

@@ -16,7 +16,17 @@
 //!
 //! An apply that fails in a way that may mean the whole database is gone
 //! ([`Outage::suspect`]) holds credit at once and asks for a probe now; if that probe
-//! succeeds (a lock held elsewhere, say) the pause ends silently.
+//! succeeds (a lock held elsewhere, say) the pause ends silently. Such a delivery is handed
+//! back unattempted ([`Outage::confirmed`], then the SDK's `Release`) only when a probe that
+//! began after its failure finds the database unable to serve: one probe, independent of
+//! the apply, decides, so a delivery that fails alone is never released over and over.
+//!
+//! The probe counts three things as "cannot serve": no answer or a refusal (an outage:
+//! `receiver_database_up` 0), a server that refuses writes (a demoted primary or a replica
+//! behind the DSN's address after a failover: `receiver_database_up` 0 too, since no apply can
+//! succeed there), and, with `RECEIVER_REQUIRE_REPLICA_ACK=1`, a primary whose commits no
+//! replica acknowledges (`receiver_replica_ack` 0; the database itself is up). Each holds
+//! deliveries and makes `/readyz` answer 503; each change of cause gets its own line.
 
 use std::future::Future;
 use std::sync::{Arc, Mutex};
@@ -24,8 +34,8 @@ use std::time::Duration;
 
 use backoff::Backoff;
 use orbit_sdk::CreditGate;
-use result_inbox::{HealthProbe, StorageError, Store};
-use tokio::sync::Notify;
+use result_inbox::{HealthProbe, StorageError, StorageKind, Store};
+use tokio::sync::{watch, Notify};
 
 use crate::metrics::Metrics;
 use tokio::time::Instant;
@@ -59,6 +69,9 @@ struct Inner {
     state: Mutex<State>,
     /// Wakes the probe before its period (an apply's suspicion).
     wake: Notify,
+    /// Each finished probe: how many have finished, and whether the last found the database
+    /// unable to serve.
+    probed: watch::Sender<(u64, bool)>,
 }
 
 /// What the probe and the applies have seen since the last success.
@@ -66,8 +79,26 @@ struct Inner {
 struct State {
     /// The first failure (a failed probe, or a suspicious apply) since the last success.
     first_failure: Option<Instant>,
-    /// Whether the "database unavailable" line was logged for this outage.
-    announced: bool,
+    /// The cause whose line was logged for this outage, if any.
+    announced: Option<Cause>,
+}
+
+/// Why the probe finds the database unable to serve: each has its own line and metric.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Cause {
+    /// Not answering, refusing connections, or refusing writes.
+    Unavailable,
+    /// Up, but no replica acknowledges the primary's commits.
+    Unreplicated,
+}
+
+impl Cause {
+    fn of(e: &StorageError) -> Cause {
+        match e.kind() {
+            StorageKind::Unreplicated => Cause::Unreplicated,
+            _ => Cause::Unavailable,
+        }
+    }
 }
 
 impl Outage {
@@ -80,6 +111,7 @@ impl Outage {
             metrics,
             state: Mutex::new(State::default()),
             wake: Notify::new(),
+            probed: watch::channel((0, false)).0,
         }));
         let inner = outage.0.clone();
         tokio::spawn(async move { inner.probe_forever().await });
@@ -100,6 +132,27 @@ impl Outage {
         self.0.metrics.holding(true);
         self.0.wake.notify_one();
     }
+
+    /// After [`Outage::suspect`]: whether a probe confirms that the database cannot serve
+    /// now. A probe that finds it down is taken at once; one that finds it up may have
+    /// begun before the failure, so only a probe that began after this call can say "up".
+    /// At most two probes' time (about 2.5 s when the server does not answer).
+    pub async fn confirmed(&self) -> bool {
+        let mut probed = self.0.probed.subscribe();
+        let (start, _) = *probed.borrow_and_update();
+        loop {
+            if probed.changed().await.is_err() {
+                return false;
+            }
+            let (n, down) = *probed.borrow_and_update();
+            if down {
+                return true;
+            }
+            if n >= start + 2 {
+                return false;
+            }
+        }
+    }
 }
 
 impl Inner {
@@ -117,34 +170,56 @@ impl Inner {
     }
 
     fn record(&self, result: Result<(), StorageError>) {
+        let down = result.is_err();
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         match result {
             Ok(()) => {
                 if let Some(first) = state.first_failure.take() {
-                    if state.announced {
+                    if state.announced.is_some() {
                         tracing::info!(
                             "database back after {} s: taking deliveries again",
                             first.elapsed().as_secs()
                         );
                     }
-                    state.announced = false;
+                    state.announced = None;
                     self.gate.release();
                 }
                 self.metrics.database(true, false);
+                self.metrics.replica_ack(true);
             }
             Err(e) => {
                 state.first_failure.get_or_insert_with(Instant::now);
                 self.gate.hold();
-                self.metrics.database(false, true);
-                if !state.announced {
-                    tracing::warn!(
-                        "database unavailable: holding deliveries ({e}); probing it every {} ms",
-                        HEALTH_PERIOD.as_millis()
-                    );
-                    state.announced = true;
+                let cause = Cause::of(&e);
+                match cause {
+                    Cause::Unavailable => {
+                        self.metrics.database(false, true);
+                        self.metrics.replica_ack(true);
+                    }
+                    Cause::Unreplicated => {
+                        self.metrics.database(true, true);
+                        self.metrics.replica_ack(false);
+                    }
+                }
+                if state.announced != Some(cause) {
+                    let every = HEALTH_PERIOD.as_millis();
+                    match cause {
+                        Cause::Unavailable => tracing::warn!(
+                            "database unavailable: holding deliveries ({e}); probing it every {every} ms"
+                        ),
+                        Cause::Unreplicated => tracing::warn!(
+                            "replica acknowledgement lost: holding deliveries, and ACKing nothing committed meanwhile ({e}); probing it every {every} ms"
+                        ),
+                    }
+                    state.announced = Some(cause);
                 }
             }
         }
+        drop(state);
+        self.probed.send_modify(|(n, last)| {
+            *n += 1;
+            *last = down;
+        });
     }
 }
 

@@ -12,7 +12,11 @@
 //!   is not counted. Releasing the gate grants the credit owed.
 //! - A handler error means no ACK: the lease runs out and the platform delivers again. A
 //!   handler that panics is a handler error too (its credit comes back; the panic's message
-//!   is not repeated, since it may quote the event).
+//!   is not repeated, since it may quote the event). A handler error that is a [`Release`],
+//!   returned while the [`CreditGate`] is held, hands the delivery back at once instead: the
+//!   handler could not do its work for a reason a wait cures (the receiver's database is
+//!   down), so its attempt is not counted. With the gate open it is an ordinary failure, so
+//!   that a handler cannot release one delivery over and over without spending its budget.
 //! - An ACK without an answer stays pending with its ORIGINAL proof and is sent again after
 //!   every reconnect until the platform answers it (acked, already acked, or refused because
 //!   the lease was superseded).
@@ -146,7 +150,8 @@ pub enum ConsumerEvent {
         result: AckResult,
         reason: Option<String>,
     },
-    /// A handler failed: no ACK; the platform will deliver again after the lease.
+    /// A handler failed: no ACK; the platform will deliver again after the lease, or, for a
+    /// [`Release`] honoured while the gate was held, once credit flows again.
     HandlerFailed {
         delivery_id: DeliveryId,
         error: HandlerError,
@@ -376,14 +381,32 @@ impl HandlerError {
         HandlerError::Failed(Arc::from(e.into()))
     }
 
-    /// The handler's error as `E`, when it is one.
+    /// The handler's error as `E`, when it is one (or a [`Release`] of one).
     pub fn downcast_ref<E: std::error::Error + 'static>(&self) -> Option<&E> {
         match self {
-            HandlerError::Failed(e) => e.downcast_ref(),
+            HandlerError::Failed(e) => e.downcast_ref().or_else(|| {
+                e.downcast_ref::<Release>()
+                    .and_then(|r| r.0.downcast_ref::<E>())
+            }),
             HandlerError::Panicked => None,
         }
     }
+
+    /// Whether the handler asked for its delivery to be handed back ([`Release`]).
+    pub fn is_release(&self) -> bool {
+        matches!(self, HandlerError::Failed(e) if e.is::<Release>())
+    }
 }
+
+/// A handler's error asking for its delivery to be handed back to the platform now, its
+/// attempt not counted, instead of left to run out its lease: the handler did nothing that
+/// needs the lease (no COMMIT whose outcome is unknown), and a wait, not a redelivery, cures
+/// what stopped it. Honoured only while the consumer's [`CreditGate`] is held (nothing new
+/// comes until it opens); otherwise it is an ordinary failure. The reason is kept: it comes
+/// back in [`ConsumerEvent::HandlerFailed`], and [`HandlerError::downcast_ref`] reaches it.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct Release(pub Box<dyn std::error::Error + Send + Sync>);
 
 /// The same failure: both panics, or the very same error value.
 impl PartialEq for HandlerError {
@@ -649,6 +672,12 @@ where
                                 }
                             }
                             Err(error) => {
+                                if error.is_release() && held && broken.is_none() {
+                                    let m = ClientMessage::Release { delivery_id: delivery_id.clone(), proof };
+                                    if let Err(e) = send(&mut link, &m).await {
+                                        broken = Some(e);
+                                    }
+                                }
                                 let _ = events.send(ConsumerEvent::HandlerFailed { delivery_id, error });
                             }
                         }
@@ -835,10 +864,23 @@ mod tests {
             H: Fn(Delivery) -> F + Send + Sync + 'static,
             F: Future<Output = Result<(), String>> + Send + 'static,
         {
-            let handler = move |d: Delivery| {
+            Harness::failing_with(concurrency, prefetch, gate, move |d: Delivery| {
                 let fut = handler(d);
                 async move { fut.await.map_err(HandlerError::failed) }
-            };
+            })
+        }
+
+        /// A harness whose handler fails with the error it chooses.
+        fn failing_with<H, F>(
+            concurrency: usize,
+            prefetch: usize,
+            gate: CreditGate,
+            handler: H,
+        ) -> Harness
+        where
+            H: Fn(Delivery) -> F + Send + Sync + 'static,
+            F: Future<Output = Result<(), HandlerError>> + Send + 'static,
+        {
             let client = Client::new("http://127.0.0.1:9", Token::new("t")).unwrap();
             let config = EventConsumer::new(client, "s")
                 .concurrency(concurrency)
@@ -970,6 +1012,53 @@ mod tests {
         assert!(h.events.try_recv().is_err(), "b was started");
         gate.release();
         assert_eq!(credit(peer.next_not_heartbeat().await), 2, "what was owed");
+        h.stop().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_released_failure_is_handed_back_only_while_the_gate_is_held() {
+        let gate = CreditGate::new();
+        let holder = gate.clone();
+        // What the receiver does for "b": hold the gate (its database is down), then ask for
+        // the release. For "a" it asks without holding.
+        let mut h = Harness::failing_with(1, 0, gate.clone(), move |d| {
+            let holder = holder.clone();
+            async move {
+                if d.delivery_id.as_str() == "b" {
+                    holder.hold();
+                }
+                Err(HandlerError::failed(Release("database down".into())))
+            }
+        });
+        let mut peer = h.peer();
+        assert_eq!(h.next_event().await, ConsumerEvent::Connected);
+        assert_eq!(credit(peer.next().await), 1);
+        // The gate is open: an ordinary failure, left to its lease (no release, credit back).
+        peer.deliver("a");
+        match h.next_event().await {
+            ConsumerEvent::HandlerFailed { error, .. } => assert!(error.is_release()),
+            other => panic!("wanted a failure, got {other:?}"),
+        }
+        assert_eq!(
+            credit(peer.next_not_heartbeat().await),
+            1,
+            "a's slot, no release"
+        );
+        // Held by the handler: handed back with its own proof, and no credit while held.
+        peer.deliver("b");
+        assert_eq!(released(peer.next_not_heartbeat().await), "b");
+        match h.next_event().await {
+            ConsumerEvent::HandlerFailed { error, .. } => {
+                assert_eq!(error.to_string(), "database down");
+            }
+            other => panic!("wanted a failure, got {other:?}"),
+        }
+        gate.release();
+        assert_eq!(
+            credit(peer.next_not_heartbeat().await),
+            1,
+            "b's slot, once open"
+        );
         h.stop().await;
     }
 

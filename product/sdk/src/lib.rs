@@ -15,7 +15,9 @@ pub mod trust;
 pub mod wire;
 
 pub use client::{Client, DeliveryFilter, SdkError, TransportError};
-pub use consumer::{ConsumerEvent, CreditGate, Delivery, EventConsumer, Running, Summary};
+pub use consumer::{
+    ConsumerEvent, CreditGate, Delivery, EventConsumer, HandlerError, Release, Running, Summary,
+};
 pub use credentials::{Credentials, CredentialsError, Token};
 pub use ids::{DeliveryId, SubscriptionId};
 pub use link::{StreamError, MAX_MESSAGE_BYTES};

@@ -353,6 +353,7 @@ fn every_configuration_error_is_one_line_naming_the_variable() {
                 ("ORBIT_SUBSCRIPTION_ID", sub),
                 ("RECEIVER_APPLY_TIMEOUT", "5"),
                 ("RECEIVER_CONCURRENCY", "0"),
+                ("RECEIVER_REQUIRE_REPLICA_ACK", "yes"),
             ],
         ),
     ];

@@ -212,3 +212,191 @@ async fn readiness_follows_a_stopped_database_within_two_seconds_whatever_applie
         "{output}"
     );
 }
+
+/// Sets `@@global.read_only` on a server of the test's own, as a failover does to a demoted
+/// primary. The runtime account has no privilege to write through it; the admin does.
+async fn set_read_only(server: &testdb::Server, on: bool) {
+    let mut admin = MySqlConnection::connect(server.admin_url().expose())
+        .await
+        .expect("admin connects");
+    sqlx::query(if on {
+        "SET GLOBAL read_only = 1"
+    } else {
+        "SET GLOBAL read_only = 0"
+    })
+    .execute(&mut admin)
+    .await
+    .expect("read_only set");
+}
+
+/// How long the database stays read-only: three 5 s leases, a whole budget of 3 attempts.
+const READ_ONLY: Duration = Duration::from_secs(16);
+
+/// A demoted primary (R-STORE-9): the server answers every read and refuses every write with
+/// 1290. Before, each refusal was a failed apply that spent an attempt: with 5 s leases and a
+/// budget of 3, 20 deliveries of 20 EXPIRED in 25 s and `/readyz` stayed 200. Now the probe
+/// sees the server read-only and holds, `/readyz` answers 503, and what was in flight is
+/// handed back unattempted: every delivery ends ACKED on its first counted attempt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_only_database_holds_deliveries_and_costs_none_an_attempt() {
+    let own = OwnServerReceiver::start(
+        &["--lease-seconds", "5", "--max-attempts", "3"],
+        &["task.cancelled"],
+    )
+    .await;
+    let (server, client, sub) = (&own.server, &own.client, &own.sub);
+    let mut env = own.env.clone();
+    env.push(("RECEIVER_METRICS_LISTEN", "127.0.0.1:0".into()));
+    let consumer = Consumer::normal(&env);
+    let addr = consumer.metrics_addr().await;
+    cancelled_task(client).await;
+    all_acked(client, &sub.id, Some(1), Duration::from_secs(20)).await;
+
+    set_read_only(server, true).await;
+    let went = std::time::Instant::now();
+    // Some arrive before the probe has seen it: their applies meet 1290 in flight.
+    let mut tasks = Vec::new();
+    for _ in 0..QUEUED_READ_ONLY {
+        tasks.push(cancelled_task(client).await);
+    }
+    let down = Consumer::readiness_becomes(&addr, false, Duration::from_secs(10)).await;
+    assert!(
+        down <= READINESS,
+        "not ready only {down:?} after read_only=1"
+    );
+    let scraped = conformance::http_raw(&addr, "GET", "/metrics", None, None).1;
+    assert!(
+        scraped.lines().any(|l| l == "receiver_database_up 0"),
+        "{scraped}"
+    );
+    tokio::time::sleep(READ_ONLY.saturating_sub(went.elapsed())).await;
+    set_read_only(server, false).await;
+
+    all_acked(
+        client,
+        &sub.id,
+        Some(QUEUED_READ_ONLY + 1),
+        Duration::from_secs(60),
+    )
+    .await;
+    let output = consumer.stop().await;
+    assert!(
+        output.contains("database unavailable: holding deliveries (database read-only"),
+        "no line naming the read-only server: {output}"
+    );
+    let deliveries = client
+        .list_deliveries(&sub.id, &Default::default())
+        .await
+        .unwrap();
+    let spent: Vec<_> = deliveries.iter().filter(|d| d.attempts != 1).collect();
+    assert!(
+        spent.is_empty(),
+        "{} deliveries were counted more than one attempt: {spent:?}\n{output}",
+        spent.len()
+    );
+    let refused = output
+        .matches("released: the database cannot serve now")
+        .count();
+    eprintln!(
+        "read-only: {} deliveries ACKED, each on one counted attempt; {refused} handed back from a failed apply",
+        deliveries.len()
+    );
+}
+
+/// Deliveries made while the database is read-only.
+const QUEUED_READ_ONLY: usize = 20;
+
+/// The store itself (R-STORE-9): a write refused as read-only is classified by its number
+/// (1290), retried inside the apply on new connections (reason `read_only`), and the
+/// connection that met it is closed, never put back: after the server is writable again the
+/// next apply runs on a connection opened afresh. The health check reports the read-only
+/// server, which a plain `SELECT` would not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_only_refusal_is_classified_by_number_and_its_connection_is_discarded() {
+    use result_inbox::{ApplyError, StorageKind, Store, StoreOptions};
+    let server = testdb::Server::local().expect("a local server");
+    let db = server.provision().await.expect("provisioned");
+    let init = result_inbox::Dsn::parse(db.init_url().expose()).unwrap();
+    result_inbox::schema::init(&init).await.unwrap();
+    db.grant_runtime().await.unwrap();
+    let dsn = result_inbox::Dsn::parse(db.runtime_url().expose()).unwrap();
+    let queue = result_inbox::QueueId::new(conformance::QUEUE).unwrap();
+    let store = Store::connect(
+        &dsn,
+        result_inbox::ConsumerName::default(),
+        queue.clone(),
+        StoreOptions::default()
+            .max_connections(1)
+            .apply_timeout(Duration::from_secs(1)),
+    )
+    .await
+    .unwrap();
+    let event = |n: u32| {
+        let spec =
+            conformance::EventSpec::cancelled(&format!("evt-ro-{n}"), &format!("task-ro-{n}"), 2);
+        result_inbox::TaskEvent::parse(spec.json().as_bytes(), &queue).unwrap()
+    };
+    let connections = |user: String| {
+        let url = server.admin_url();
+        async move {
+            let mut admin = MySqlConnection::connect(url.expose()).await.unwrap();
+            sqlx::query_scalar::<_, i64>(
+                "SELECT ID FROM information_schema.PROCESSLIST WHERE USER = ? ORDER BY ID",
+            )
+            .bind(user)
+            .fetch_all(&mut admin)
+            .await
+            .unwrap()
+        }
+    };
+    assert!(store.apply(&event(1)).await.is_ok());
+    let before = connections(db.runtime.user.clone()).await;
+    assert_eq!(
+        before.len(),
+        1,
+        "the store's one idle connection: {before:?}"
+    );
+
+    set_read_only(&server, true).await;
+    let mut probe = result_inbox::HealthProbe::default();
+    let checked = store.check(&mut probe, Duration::from_secs(1)).await;
+    assert_eq!(
+        checked.map_err(|e| e.kind()),
+        Err(StorageKind::ReadOnly),
+        "the health check sees the read-only server"
+    );
+    let applied = store
+        .apply_until(&event(2), &result_inbox::store::NoWrite, None)
+        .await;
+    match &applied.result {
+        Err(ApplyError::Storage(e)) => {
+            assert_eq!((e.kind(), e.number()), (StorageKind::ReadOnly, Some(1290)));
+            assert!(e.is_unavailable() && e.is_retryable(), "{e}");
+        }
+        other => panic!("wanted a read-only refusal, got {other:?}"),
+    }
+    assert!(
+        applied.reasons.count(result_inbox::RetryReason::ReadOnly) >= 1,
+        "retried inside the apply: {:?}",
+        applied.reasons
+    );
+    set_read_only(&server, false).await;
+    drop(probe);
+    conformance::eventually(
+        Duration::from_secs(10),
+        "the refused connection closed",
+        || {
+            let (first, list) = (before[0], connections(db.runtime.user.clone()));
+            async move { !list.await.contains(&first) }
+        },
+    )
+    .await;
+    assert!(store.apply(&event(2)).await.is_ok());
+    assert!(store
+        .check(
+            &mut result_inbox::HealthProbe::default(),
+            Duration::from_secs(1)
+        )
+        .await
+        .is_ok());
+}

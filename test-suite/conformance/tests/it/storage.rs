@@ -675,10 +675,9 @@ async fn an_apply_past_its_time_budget_fails_without_committing() {
         &rdb.runtime_dsn(),
         result_inbox::ConsumerName::default(),
         QueueId::new(conformance::QUEUE).unwrap(),
-        result_inbox::StoreOptions {
-            max_connections: 4,
-            apply_timeout: Duration::from_millis(300),
-        },
+        result_inbox::StoreOptions::default()
+            .max_connections(4)
+            .apply_timeout(Duration::from_millis(300)),
     )
     .await
     .unwrap();
