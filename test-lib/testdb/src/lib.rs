@@ -28,11 +28,13 @@
 //! touch a database it did not create.
 
 mod cleanup;
+pub mod forward;
 mod galera;
 mod local;
 pub mod netns;
 mod process;
 mod provision;
+pub mod replication;
 pub mod tls;
 
 #[cfg(feature = "container")]
@@ -43,8 +45,10 @@ pub use container::{DEFAULT_IMAGE, TESTDB_CONTAINER_IMAGE, TESTDB_CONTAINER_WAIT
 use std::sync::OnceLock;
 use std::time::Duration;
 
+pub use forward::Forwarder;
 pub use galera::{provider as galera_provider, PROVIDER_PATHS, TESTDB_GALERA_PROVIDER};
 pub use provision::{Account, Provisioned};
+pub use replication::{ReplicationOptions, Topology};
 
 /// Names the admin URL of an existing server to use instead of starting one.
 pub const TESTDB_MYSQL_URL: &str = "TESTDB_MYSQL_URL";
@@ -230,6 +234,17 @@ impl Server {
     /// A local `mariadbd`/`mysqld` on a temporary datadir, whatever the environment says.
     pub fn local() -> Result<Server, Error> {
         let server = local::LocalServer::start(None)?;
+        Ok(Self::loopback_root(
+            server.port(),
+            server.description().to_owned(),
+            Backend::Local(server),
+        ))
+    }
+
+    /// A local server started with further options `args` (kept for a restart), e.g.
+    /// `--rpl-semi-sync-master-enabled=ON`.
+    pub fn local_with_args(args: Vec<String>) -> Result<Server, Error> {
+        let server = local::LocalServer::start_with(None, args)?;
         Ok(Self::loopback_root(
             server.port(),
             server.description().to_owned(),
@@ -473,19 +488,25 @@ impl Server {
         }
     }
 
-    /// SIGSTOP: a cluster node that stops answering, its peers included (a hung host).
+    /// SIGSTOP: a local server or a cluster node that stops answering, its peers and
+    /// replicas included (a hung host).
     pub fn pause(&self) -> Result<(), Error> {
-        match self.node()?.signal(nix::sys::signal::Signal::SIGSTOP) {
-            true => Ok(()),
-            false => Err(Error::Config("the node is not running".into())),
-        }
+        self.signal(nix::sys::signal::Signal::SIGSTOP)
     }
 
     /// SIGCONT after [`Server::pause`].
     pub fn resume(&self) -> Result<(), Error> {
-        match self.node()?.signal(nix::sys::signal::Signal::SIGCONT) {
+        self.signal(nix::sys::signal::Signal::SIGCONT)
+    }
+
+    fn signal(&self, signal: nix::sys::signal::Signal) -> Result<(), Error> {
+        let sent = match &self.backend {
+            Backend::Local(server) => server.signal(signal),
+            _ => self.node()?.signal(signal),
+        };
+        match sent {
             true => Ok(()),
-            false => Err(Error::Config("the node is not running".into())),
+            false => Err(Error::Config("the server is not running".into())),
         }
     }
 

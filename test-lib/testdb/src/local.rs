@@ -122,6 +122,8 @@ pub(crate) struct LocalServer {
     description: String,
     /// The server's TLS, if it was started with it: its options, and what an admin URL needs.
     tls: Option<ServerTls>,
+    /// Further options it was started with (a replication member's), kept for a restart.
+    extra: Vec<String>,
 }
 
 /// Writes a TLS server's certificates into its directory; what the server is started with.
@@ -140,6 +142,14 @@ impl LocalServer {
     /// A plain server, or with `tls` a server that refuses any TCP connection without TLS;
     /// `tls` is called with the server's own directory, to write its certificates there.
     pub(crate) fn start(tls: Option<MakeTls<'_>>) -> Result<LocalServer, Error> {
+        Self::start_with(tls, Vec::new())
+    }
+
+    /// [`LocalServer::start`] with further server options `extra` (kept for restarts).
+    pub(crate) fn start_with(
+        tls: Option<MakeTls<'_>>,
+        extra: Vec<String>,
+    ) -> Result<LocalServer, Error> {
         let program = find_program()?;
         let root = root_dir();
         fs::create_dir_all(&root)
@@ -162,7 +172,13 @@ impl LocalServer {
             // A port can be taken between choosing and binding; try a few.
             let mut last = None;
             for _ in 0..3 {
-                match Self::launch(&program, &dir, free_loopback_port()?, tls.clone()) {
+                match Self::launch(
+                    &program,
+                    &dir,
+                    free_loopback_port()?,
+                    tls.clone(),
+                    extra.clone(),
+                ) {
                     Ok(server) => return Ok(server),
                     Err(e @ Error::PortInUse { .. }) => last = Some(e),
                     Err(e) => return Err(e),
@@ -238,9 +254,10 @@ impl LocalServer {
         dir: &Path,
         port: u16,
         tls: Option<ServerTls>,
+        extra: Vec<String>,
     ) -> Result<LocalServer, Error> {
         let _ = fs::remove_file(dir.join("error.log"));
-        let child = Self::spawn(program, dir, port, tls.as_ref())?;
+        let child = Self::spawn(program, dir, port, tls.as_ref(), &extra)?;
         let pid = child.id();
         let mut server = LocalServer {
             child: Running::new(child),
@@ -250,6 +267,7 @@ impl LocalServer {
             port,
             description: String::new(),
             tls,
+            extra,
         };
         let version = server.wait_ready(&dir.join("error.log"))?;
         let name = program
@@ -272,6 +290,7 @@ impl LocalServer {
         dir: &Path,
         port: u16,
         tls: Option<&ServerTls>,
+        extra: &[String],
     ) -> Result<Child, Error> {
         let data = dir.join("data");
         let log = dir.join("error.log");
@@ -301,6 +320,7 @@ impl LocalServer {
         if let Some(tls) = tls {
             cmd.args(&tls.args);
         }
+        cmd.args(extra);
         if is_root() {
             cmd.arg("--user=root");
         }
@@ -322,11 +342,37 @@ impl LocalServer {
     /// committed); returns when it answers `SELECT 1`.
     pub(crate) fn restart(&self) -> Result<(), Error> {
         self.kill();
-        let child = Self::spawn(&self.program, &self.dir, self.port, self.tls.as_ref())?;
+        let child = Self::spawn(
+            &self.program,
+            &self.dir,
+            self.port,
+            self.tls.as_ref(),
+            &self.extra,
+        )?;
         let old = self.pid.swap(child.id(), Ordering::SeqCst);
         unregister_pid(old);
         self.child.set(child);
         self.wait_ready(&self.dir.join("error.log")).map(|_| ())
+    }
+
+    /// Kills the server, replaces its datadir with a fresh one, and starts it again on the
+    /// same port with `extra` as its further options: a server rebuilt from nothing (an old
+    /// primary that must not rejoin with what it holds).
+    pub(crate) fn rebuild(&mut self, extra: Vec<String>) -> Result<(), Error> {
+        self.kill();
+        let data = self.dir.join("data");
+        fs::remove_dir_all(&data)
+            .map_err(Error::io(format!("cannot remove {}", data.display())))?;
+        Self::install(&self.program, &self.dir)?;
+        self.extra = extra;
+        self.restart()
+    }
+
+    /// Sends `signal` to the running server; whether one was running.
+    pub(crate) fn signal(&self, signal: nix::sys::signal::Signal) -> bool {
+        self.pid().is_some_and(|pid| {
+            nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), signal).is_ok()
+        })
     }
 
     /// Waits until the server answers `SELECT 1`, failing fast if it exits.

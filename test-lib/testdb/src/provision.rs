@@ -84,7 +84,7 @@ pub(crate) async fn server_version(server: &Server) -> Result<String, Error> {
     select_version(server.admin_url()).await
 }
 
-fn random_password() -> String {
+pub(crate) fn random_password() -> String {
     let mut h = RandomState::new().build_hasher();
     h.write_u128(
         SystemTime::now()

@@ -31,8 +31,14 @@ pub async fn check_ledger(
     tasks: &[String],
     what: &str,
 ) -> Result<Ledger, String> {
+    // The platform lists 1,000 by default: ask for its most, so that a longer run is checked
+    // whole, not its first thousand.
+    let all = orbit_sdk::DeliveryFilter {
+        limit: Some(10_000),
+        ..Default::default()
+    };
     let deliveries = client
-        .list_deliveries(sub, &Default::default())
+        .list_deliveries(sub, &all)
         .await
         .map_err(|e| format!("{what}: the platform's deliveries could not be listed: {e}"))?;
     let deliveries: Vec<(String, String)> = deliveries

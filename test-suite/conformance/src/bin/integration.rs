@@ -62,6 +62,10 @@ const LOCAL_ONLY: &[(&str, &str)] = &[
         "a Galera cluster of local nodes in network namespaces, with real partitions, a node killed and consumers paused",
     ),
     (
+        "failover",
+        "a primary and two replicas of local servers (testdb::Topology), which the tests kill, demote, promote and rebuild",
+    ),
+    (
         "storage-tls",
         "a local server that speaks only TLS, with certificates made for the run; the storage suite itself runs on the container server",
     ),
@@ -486,6 +490,7 @@ fn run_suites(run: Run, plan: Plan) -> Vec<Outcome> {
         (
             name != "galera",
             name != "nemesis",
+            name != "failover",
             name != "faults",
             std::cmp::Reverse(tests.len()),
         )
@@ -596,6 +601,7 @@ fn report(
             l.starts_with("crash-loop: seed=")
                 || l.starts_with("galera: ")
                 || l.starts_with("nemesis: ")
+                || l.starts_with("failover: ")
         }) {
             println!("{}", line.split("; plan").next().unwrap_or(line));
         }

@@ -7,6 +7,7 @@ mod commit_lost;
 mod commit_proxy;
 mod demo;
 mod deploy;
+mod failover;
 mod faults;
 mod galera;
 mod inspect;
