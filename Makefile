@@ -2,7 +2,7 @@
 CARGO ?= cargo
 
 .DEFAULT_GOAL := help
-.PHONY: help deps check build fault-build mutant-build kit containers-inside release test unit integration integration-containers demo bench bench-proxy bench-instructions soak nemesis
+.PHONY: help deps check build fault-build mutant-build kit containers-inside release test unit integration integration-containers demo bench bench-proxy bench-instructions soak nemesis failover
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -100,3 +100,8 @@ bench-instructions: ## Instructions per byte of the canonical form under valgrin
 
 bench-proxy: deps ## commit-proxy relay overhead: direct vs TCP forwarder vs proxy, one run
 	$(CARGO) bench -p commit-proxy --bench relay
+
+# FAILOVER_SEED replays a schedule (each run prints its own); MINUTES runs random faults for
+# that long instead of each kind once.
+failover: deps build ## The failover suite's schedule on a primary and two replicas (lossless semi-sync, the gate): SEED=N replays, MINUTES=M runs faults that long
+	FAILOVER_SEED='$(SEED)' FAILOVER_MINUTES='$(MINUTES)' $(CARGO) test -q -p conformance --test it -- --exact failover::failovers_under_lossless_semi_sync_with_the_gate_lose_no_acked_event --nocapture
