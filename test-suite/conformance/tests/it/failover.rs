@@ -262,6 +262,7 @@ async fn acked_count(platform: &mut MySqlConnection, sub: &str) -> i64 {
 }
 
 /// A test's own variable (`make failover` sets them), empty counting as unset.
+#[allow(clippy::disallowed_methods)] // the suite's own switches
 fn var(name: &str) -> Option<String> {
     std::env::var(name).ok().filter(|v| !v.is_empty())
 }
