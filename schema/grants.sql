@@ -21,3 +21,10 @@ GRANT CREATE ON `orbit_receiver`.* TO 'receiver_init'@'localhost';
 -- No access to the platform's database.
 GRANT SELECT, INSERT, UPDATE ON `orbit_receiver`.`receiver_inbox` TO 'receiver_runtime'@'localhost';
 GRANT SELECT, INSERT, UPDATE ON `orbit_receiver`.`receiver_task_views` TO 'receiver_runtime'@'localhost';
+--
+-- Nothing more for the health probe or for RECEIVER_REQUIRE_REPLICA_ACK=1: they read
+-- @@global.read_only, SHOW GLOBAL STATUS (Rpl_semi_sync_master_status, MySQL's
+-- Rpl_semi_sync_source_status) and SHOW GLOBAL VARIABLES (the semi-sync settings), which
+-- every account may read on MySQL 8.4 and MariaDB 10.11 (the failover suite runs them as
+-- this runtime account). The runtime account must NOT hold SUPER, READ_ONLY ADMIN or
+-- CONNECTION ADMIN: with them it could write through read_only on a demoted primary.

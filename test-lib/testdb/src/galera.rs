@@ -134,6 +134,7 @@ impl Node {
         cluster: &str,
         peers: &str,
         provider: &Path,
+        flush: u8,
     ) -> Result<(), std::io::Error> {
         let d = self.dir.display();
         let Ports {
@@ -176,6 +177,7 @@ impl Node {
              binlog_format=ROW\n\
              default_storage_engine=InnoDB\n\
              innodb_autoinc_lock_mode=2\n\
+             innodb_flush_log_at_trx_commit={flush}\n\
              wsrep_on=ON\n\
              wsrep_provider={provider}\n\
              wsrep_cluster_name={cluster}\n\
@@ -416,7 +418,10 @@ pub(crate) struct Nodes {
 
 /// Starts `count` nodes: the first bootstraps, the others join it at once, by state transfer.
 /// With `net`, each node runs in a new member namespace of it (`node1`, …).
-pub(crate) fn start(count: usize, net: Option<&Net>) -> Result<Nodes, Error> {
+/// `flush` is each node's `innodb_flush_log_at_trx_commit`: 1 (what testdb runs, and what a
+/// user must keep: every commit on disk before the node answers) or a relaxed 0 or 2, for a
+/// run that measures what they lose.
+pub(crate) fn start(count: usize, net: Option<&Net>, flush: u8) -> Result<Nodes, Error> {
     if count == 0 {
         return Err(Error::Config("a cluster needs at least one node".into()));
     }
@@ -444,7 +449,7 @@ pub(crate) fn start(count: usize, net: Option<&Net>) -> Result<Nodes, Error> {
         .map_err(Error::io(format!("cannot write in {}", dir.display())))?;
     // A cluster held in a static never drops: the directory goes at exit, after the nodes.
     register(Cleanup::Dir(dir.clone()));
-    let result = start_in(&dir, &tag, count, &program, &provider, net);
+    let result = start_in(&dir, &tag, count, &program, &provider, net, flush);
     match result {
         Ok((nodes, pki)) => Ok(Nodes { nodes, dir, pki }),
         Err(e) => {
@@ -461,6 +466,7 @@ fn start_in(
     program: &Program,
     provider: &Path,
     net: Option<&Net>,
+    flush: u8,
 ) -> Result<(Vec<Node>, Option<Arc<Pki>>), Error> {
     // Clients on the bridge are not on loopback: they speak TLS, verified against the address.
     let pki = match net {
@@ -528,7 +534,7 @@ fn start_in(
         .collect::<Vec<_>>()
         .join(",");
     for node in &nodes {
-        node.write_config(tag, &peers, provider)
+        node.write_config(tag, &peers, provider, flush)
             .map_err(Error::io(format!(
                 "cannot write {}",
                 node.config().display()

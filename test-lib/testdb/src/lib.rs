@@ -560,7 +560,7 @@ impl Cluster {
     /// returns when every one is `Synced`. [`Error::NoServerProgram`] when the Galera provider
     /// or MariaDB's server is missing.
     pub fn start(count: usize) -> Result<Cluster, Error> {
-        Self::start_with(count, None)
+        Self::start_with(count, None, 1)
     }
 
     /// [`Cluster::start`] with each node in a network namespace of its own, on one bridge
@@ -570,12 +570,53 @@ impl Cluster {
     /// for the address, signed by a CA made for the cluster ([`Server::pki`]; the URLs the
     /// provisioned databases give carry it). Needs root.
     pub fn start_in_namespaces(count: usize) -> Result<Cluster, Error> {
-        Self::start_with(count, Some(netns::Net::create()?))
+        Self::start_with(count, Some(netns::Net::create()?), 1)
     }
 
-    fn start_with(count: usize, net: Option<netns::Net>) -> Result<Cluster, Error> {
+    /// [`Cluster::start_in_namespaces`] with each node's `innodb_flush_log_at_trx_commit` set
+    /// to `flush` (1 everywhere else): a relaxed 0 or 2, to measure what a crash loses.
+    pub fn start_in_namespaces_with_flush(count: usize, flush: u8) -> Result<Cluster, Error> {
+        Self::start_with(count, Some(netns::Net::create()?), flush)
+    }
+
+    /// Restarts the killed nodes `nodes` together, each from its recovered position, and
+    /// returns once every one is `Synced`: after two nodes crashed close together (the third,
+    /// alone, is non-Primary until they are back) or after the whole cluster lost power (its
+    /// primary component is restored once all its members are back, Galera's `pc.recovery`).
+    /// One at a time would wait forever for a quorum that only the others can bring.
+    ///
+    /// A node that lost what it had answered (a relaxed `innodb_flush_log_at_trx_commit`)
+    /// needs a full state transfer, which can fail while its donor serves another joiner (the
+    /// node then aborts): each node that failed is started once more, alone, once the others
+    /// are back.
+    pub fn restart_together(&self, nodes: &[usize]) -> Result<(), Error> {
+        let failed: Vec<usize> = std::thread::scope(|s| {
+            let started: Vec<_> = nodes
+                .iter()
+                .map(|&i| {
+                    let node = &self.nodes[i];
+                    (i, s.spawn(move || node.restart()))
+                })
+                .collect();
+            started
+                .into_iter()
+                .filter_map(|(i, h)| {
+                    h.join()
+                        .expect("a node's restart does not panic")
+                        .err()
+                        .map(|_| i)
+                })
+                .collect()
+        });
+        for i in failed {
+            self.nodes[i].restart()?;
+        }
+        Ok(())
+    }
+
+    fn start_with(count: usize, net: Option<netns::Net>, flush: u8) -> Result<Cluster, Error> {
         let started = std::time::Instant::now();
-        let galera::Nodes { nodes, dir, pki } = galera::start(count, net.as_ref())?;
+        let galera::Nodes { nodes, dir, pki } = galera::start(count, net.as_ref(), flush)?;
         let where_ = if net.is_some() {
             "in network namespaces"
         } else {

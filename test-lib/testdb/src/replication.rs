@@ -236,6 +236,7 @@ impl Topology {
                  MASTER_HEARTBEAT_PERIOD = 1"
             ),
             "SET GLOBAL read_only = 1".to_owned(),
+            "SET GLOBAL rpl_semi_sync_master_enabled = OFF".to_owned(),
             "START SLAVE".to_owned(),
         ] {
             c.execute(sql.as_str()).await.map_err(Error::sql(format!(
@@ -334,6 +335,11 @@ impl Topology {
         for sql in [
             "STOP SLAVE".to_owned(),
             "RESET SLAVE ALL".to_owned(),
+            // Off, then on: enabling starts the primary side in the state ON, whereas a
+            // server that was a primary before keeps the OFF it fell back to, and switches on
+            // only when a replica acknowledges a commit made after it, which, if the receiver
+            // is the only writer and holds, never comes.
+            "SET GLOBAL rpl_semi_sync_master_enabled = OFF".to_owned(),
             format!("SET GLOBAL rpl_semi_sync_master_enabled = {semi}"),
             "SET GLOBAL read_only = 0".to_owned(),
         ] {
