@@ -283,7 +283,7 @@ impl fmt::Display for StorageError {
             StorageKind::Unavailable => "database unavailable, retryable",
             StorageKind::NotAnswering => "database not answering, retryable",
             StorageKind::ReadOnly => {
-                "database read-only (a demoted primary or a replica?): waiting for a writable primary"
+                "database read-only (a demoted primary, or a replica): it refuses writes"
             }
             StorageKind::Unreplicated => {
                 "no replica acknowledges the primary's commits (semi-synchronous replication is off): nothing is ACKed until one does"
