@@ -562,24 +562,20 @@ async fn database_loss_acks_nothing_and_every_event_is_applied_once_when_it_is_b
     // Each lost delivery's first lease ends unACKed: handed back once a probe confirmed the
     // database gone (PENDING, its attempt not counted), or run out and leased again. An ACK
     // after a failed apply would have landed within that lease.
-    eventually(
-        Duration::from_secs(30),
-        "both first leases to end",
-        || {
-            let (client, sub) = (client.clone(), sub.id.clone());
-            async move {
-                let d = client
-                    .list_deliveries(&sub, &Default::default())
-                    .await
-                    .unwrap();
-                d.iter()
-                    .filter(|d| d.state != "ACKED")
-                    .filter(|d| d.attempts >= 2 || d.state == "PENDING")
-                    .count()
-                    == 2
-            }
-        },
-    )
+    eventually(Duration::from_secs(30), "both first leases to end", || {
+        let (client, sub) = (client.clone(), sub.id.clone());
+        async move {
+            let d = client
+                .list_deliveries(&sub, &Default::default())
+                .await
+                .unwrap();
+            d.iter()
+                .filter(|d| d.state != "ACKED")
+                .filter(|d| d.attempts >= 2 || d.state == "PENDING")
+                .count()
+                == 2
+        }
+    })
     .await;
     let during = client
         .list_deliveries(&sub.id, &Default::default())
