@@ -128,21 +128,35 @@ fn settings_problem(settings: &[(String, String)]) -> Option<&'static str> {
 }
 
 /// Refuses, with [`StorageKind::ReplicaAckUnsupported`], a server on which the requirement
-/// cannot be honoured: semi-synchronous replication absent, not enabled on the primary, or
-/// with a wait point other than `AFTER_SYNC`; an unreadable status is the query's own error.
+/// cannot be honoured: semi-synchronous replication absent, not enabled on the primary, with a
+/// wait point other than `AFTER_SYNC`, or its settings or status unreadable (the server's
+/// error number kept). A server that is merely unavailable fails as such (the caller waits);
+/// a status that reads OFF is no refusal: the caller holds until a replica acknowledges.
 pub(crate) async fn check_replica_ack_settings(
     conn: &mut MySqlConnection,
 ) -> Result<(), StorageError> {
-    let settings = show(conn, SEMI_SYNC_SETTINGS).await?;
+    let settings = show(conn, SEMI_SYNC_SETTINGS).await.map_err(unreadable)?;
     if let Some(problem) = settings_problem(&settings) {
         return Err(StorageError::of_kind(StorageKind::ReplicaAckUnsupported(
             problem,
         )));
     }
     match check_replica_ack(conn).await {
-        Err(e) if matches!(e.kind(), StorageKind::ReplicaAckUnsupported(_)) => Err(e),
-        _ => Ok(()),
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == StorageKind::Unreplicated => Ok(()),
+        Err(e) => Err(unreadable(e)),
     }
+}
+
+/// A failure to read the semi-sync settings or status: as it is when the server is merely
+/// unavailable (or says there is no such status), else a refusal keeping its error number.
+fn unreadable(e: StorageError) -> StorageError {
+    if e.is_unavailable() || matches!(e.kind(), StorageKind::ReplicaAckUnsupported(_)) {
+        return e;
+    }
+    e.with_kind(StorageKind::ReplicaAckUnsupported(
+        "the server's semi-synchronous settings or status could not be read",
+    ))
 }
 
 #[cfg(test)]
@@ -164,6 +178,18 @@ mod tests {
             .iter()
             .map(|(n, v)| ((*n).to_owned(), (*v).to_owned()))
             .collect()
+    }
+
+    #[test]
+    fn an_unreadable_status_is_a_refusal_and_an_unavailable_server_stays_one() {
+        let denied = unreadable(StorageError::of_kind(StorageKind::PermissionDenied));
+        assert!(matches!(
+            denied.kind(),
+            StorageKind::ReplicaAckUnsupported(why) if why.contains("could not be read")
+        ));
+        assert!(!denied.is_retryable());
+        let down = unreadable(StorageError::of_kind(StorageKind::Unavailable));
+        assert_eq!(down.kind(), StorageKind::Unavailable);
     }
 
     #[test]

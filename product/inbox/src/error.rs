@@ -146,6 +146,12 @@ impl StorageError {
         }
     }
 
+    /// This error as another kind, its error number and SQLSTATE kept.
+    pub(crate) fn with_kind(mut self, kind: StorageKind) -> Self {
+        self.kind = kind;
+        self
+    }
+
     /// This error with `hint` after its text.
     pub(crate) fn with_hint(mut self, hint: &'static str) -> Self {
         self.hint = Some(hint);

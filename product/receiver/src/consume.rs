@@ -48,7 +48,7 @@ pub enum ConsumeError {
     #[error("cannot connect to the receiver database: {0}")]
     Store(#[source] result_inbox::StorageError),
     #[error("RECEIVER_REQUIRE_REPLICA_ACK=1 cannot be honoured by the receiver database: {0}: refusing to start")]
-    ReplicaAck(&'static str),
+    ReplicaAck(String),
     #[error("cannot use the platform: {0}")]
     Platform(#[source] orbit_sdk::SdkError),
     #[error("cannot listen for SIGTERM/SIGINT: {0}")]
@@ -137,7 +137,12 @@ async fn connect_store(
     )
     .await
     .map_err(|e| match e.kind() {
-        result_inbox::StorageKind::ReplicaAckUnsupported(why) => ConsumeError::ReplicaAck(why),
+        result_inbox::StorageKind::ReplicaAckUnsupported(why) => ConsumeError::ReplicaAck(
+            match e.number() {
+                Some(n) => format!("{why} (mysql {n})"),
+                None => why.to_owned(),
+            },
+        ),
         _ => ConsumeError::Store(e),
     })
 }
