@@ -263,7 +263,7 @@ impl Topology {
                     .fetch_one("SELECT @@GLOBAL.gtid_binlog_pos")
                     .await
                     .map_err(Error::sql("reading gtid_binlog_pos"))?;
-                text_at(&row, 0)
+                text(&row, 0)
             }
         };
         Ok(sequence(&pos))
@@ -277,23 +277,29 @@ impl Topology {
             .fetch_one("SELECT @@GLOBAL.gtid_current_pos")
             .await
             .map_err(Error::sql("reading gtid_current_pos"))?;
-        Ok(sequence(&text_at(&row, 0)))
+        Ok(sequence(&text(&row, 0)))
     }
 
     /// Waits until every live replica has applied all that the primary has written.
     pub async fn wait_caught_up(&self, within: Duration) -> Result<(), Error> {
-        let start = Instant::now();
+        let end = Instant::now() + within;
         let target = self.applied(self.primary).await?;
         for i in self.replicas() {
-            while self.applied(i).await? < target {
-                if start.elapsed() > within {
-                    return Err(Error::Config(format!(
-                        "member {} did not catch up with the primary (sequence {target}) within {within:?}",
-                        i + 1
-                    )));
-                }
-                tokio::time::sleep(Duration::from_millis(50)).await;
+            self.wait_applied(i, target, end).await?;
+        }
+        Ok(())
+    }
+
+    /// Waits until member `i` has applied sequence `target`, failing at `end`.
+    async fn wait_applied(&self, i: usize, target: u64, end: Instant) -> Result<(), Error> {
+        while self.applied(i).await? < target {
+            if Instant::now() > end {
+                return Err(Error::Config(format!(
+                    "member {} did not apply up to sequence {target} in time",
+                    i + 1
+                )));
             }
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
         Ok(())
     }
@@ -320,16 +326,8 @@ impl Topology {
             best.ok_or_else(|| Error::Config("no live replica to promote".into()))?;
         // Its relay log applied to the end while its SQL thread still runs: nothing restarts
         // a replication thread before that (a restart would purge the relay log).
-        let start = Instant::now();
-        while self.applied(chosen).await? < received {
-            if start.elapsed() > Duration::from_secs(60) {
-                return Err(Error::Config(format!(
-                    "member {} did not apply its relay log (to sequence {received}) within 60 s",
-                    chosen + 1
-                )));
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        self.wait_applied(chosen, received, Instant::now() + Duration::from_secs(60))
+            .await?;
         let semi = if self.options.semi_sync { "ON" } else { "OFF" };
         let mut c = self.admin(chosen).await?;
         for sql in [
@@ -377,7 +375,7 @@ impl Topology {
             .fetch_optional("SHOW GLOBAL STATUS LIKE 'Rpl_semi_sync_master_status'")
             .await
             .map_err(Error::sql("reading Rpl_semi_sync_master_status"))?;
-        Ok(row.is_some_and(|r| text_at(&r, 1).eq_ignore_ascii_case("ON")))
+        Ok(row.is_some_and(|r| text(&r, 1).eq_ignore_ascii_case("ON")))
     }
 }
 
@@ -416,14 +414,12 @@ fn addr(server: &Server) -> Result<SocketAddr, Error> {
         .map_err(|_| Error::Config(format!("not an address: {}", server.address())))
 }
 
-fn text(row: &sqlx::mysql::MySqlRow, column: &str) -> String {
+/// A column of `row` (by name or position) as text; empty when it cannot be read.
+fn text<I: sqlx::ColumnIndex<sqlx::mysql::MySqlRow>>(
+    row: &sqlx::mysql::MySqlRow,
+    column: I,
+) -> String {
     row.try_get::<Vec<u8>, _>(column)
-        .map(|b| String::from_utf8_lossy(&b).into_owned())
-        .unwrap_or_default()
-}
-
-fn text_at(row: &sqlx::mysql::MySqlRow, i: usize) -> String {
-    row.try_get::<Vec<u8>, _>(i)
         .map(|b| String::from_utf8_lossy(&b).into_owned())
         .unwrap_or_default()
 }

@@ -151,14 +151,7 @@ impl OwnServerReceiver {
     pub async fn start(args: &[&str], types: &[&str]) -> OwnServerReceiver {
         let server = Server::local().expect("a local server");
         let receiver_db = server.provision().await.expect("provisioned");
-        let init = Dsn::parse(receiver_db.init_url().expose()).expect("testdb makes valid URLs");
-        result_inbox::schema::init(&init)
-            .await
-            .expect("receiver tables created");
-        receiver_db
-            .grant_runtime()
-            .await
-            .expect("runtime grants given");
+        initialise(&receiver_db).await;
         let orbit = OrbitDev::start(args).await;
         let client = orbit.client();
         let sub = client
@@ -176,6 +169,16 @@ impl OwnServerReceiver {
             server,
         }
     }
+}
+
+/// Does what a DBA and `receiver init` do to fresh databases `db`: the receiver's tables, made
+/// by the init account, then the runtime grants.
+pub async fn initialise(db: &Provisioned) {
+    let init = Dsn::parse(db.init_url().expose()).expect("testdb makes valid URLs");
+    result_inbox::schema::init(&init)
+        .await
+        .expect("receiver tables created");
+    db.grant_runtime().await.expect("runtime grants given");
 }
 
 /// A connection at `url` (an admin URL on a cluster node) whose reads wait until the node has

@@ -24,7 +24,7 @@ pub use bins::{
     bare, bare_command, files_under, receiver_bin, spawn, workspace_bin, workspace_example,
     RUN_MARKER,
 };
-pub use database::{admin_in_sync, OwnServerReceiver, ReceiverDb};
+pub use database::{admin_in_sync, initialise, OwnServerReceiver, ReceiverDb};
 pub use events::EventSpec;
 pub use http::{http_json, http_raw};
 pub use ledger::{check_ledger, check_ledger_on, Ledger};

@@ -60,11 +60,7 @@ async fn rig(
         .unwrap_or_else(|e| panic!("the replication topology did not start: {e}"));
     let primary = topology.member(topology.primary());
     let db = primary.provision().await.expect("provisioned");
-    let init = result_inbox::Dsn::parse(db.init_url().expose()).unwrap();
-    result_inbox::schema::init(&init)
-        .await
-        .expect("receiver tables created");
-    db.grant_runtime().await.expect("runtime grants given");
+    conformance::initialise(&db).await;
     topology
         .wait_caught_up(Duration::from_secs(30))
         .await
@@ -534,9 +530,7 @@ async fn the_gate_refuses_a_server_that_cannot_honour_it_in_one_line() {
     ] {
         let server = testdb::Server::local_with_args(args).expect("a local server");
         let db = server.provision().await.expect("provisioned");
-        let init = result_inbox::Dsn::parse(db.init_url().expose()).unwrap();
-        result_inbox::schema::init(&init).await.unwrap();
-        db.grant_runtime().await.unwrap();
+        conformance::initialise(&db).await;
         let orbit = OrbitDev::start(&[]).await;
         let sub = orbit
             .client()

@@ -318,9 +318,7 @@ async fn a_read_only_refusal_is_classified_by_number_and_its_connection_is_disca
     use result_inbox::{ApplyError, StorageKind, Store, StoreOptions};
     let server = testdb::Server::local().expect("a local server");
     let db = server.provision().await.expect("provisioned");
-    let init = result_inbox::Dsn::parse(db.init_url().expose()).unwrap();
-    result_inbox::schema::init(&init).await.unwrap();
-    db.grant_runtime().await.unwrap();
+    conformance::initialise(&db).await;
     let dsn = result_inbox::Dsn::parse(db.runtime_url().expose()).unwrap();
     let queue = result_inbox::QueueId::new(conformance::QUEUE).unwrap();
     let store = Store::connect(
