@@ -12,7 +12,9 @@ CREATE TABLE receiver_inbox (
     event_canonical MEDIUMBLOB      NOT NULL COMMENT '冻结的规范化事件 JSON 原始字节，即交付时的事件快照，绝不按任务查询重建',
     applied         TINYINT(1)      NOT NULL COMMENT '本事件是否推进了任务结果视图：1 为推进，0 为旧版本仅留历史',
     received_at     DATETIME(6)     NOT NULL COMMENT '受理时间（UTC，微秒），与视图更新同一事务提交',
-    PRIMARY KEY (consumer_name, queue_id, event_id)
+    PRIMARY KEY (consumer_name, queue_id, event_id),
+    KEY receiver_inbox_received_at (consumer_name, queue_id, received_at)
+        COMMENT '按受理时间找出窗口之外的旧行（receiver prune）与最早一行的年龄，不必扫描全表'
 ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin
   COMMENT = '接收方事件收件箱：按消费者名称、队列和事件 ID 去重，保存冻结事件及其摘要';
 

@@ -9,9 +9,10 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 /// The points inside the transaction where the store awaits the hook, in flow order:
-/// `before_insert` (after `BEGIN`, before the inbox `INSERT`) and `before_commit` (after every
-/// write, before `COMMIT`).
-pub const POINTS: &[&str] = &["before_insert", "before_commit"];
+/// `before_insert` (after `BEGIN`, before the inbox `INSERT`), `before_verdict` (after the
+/// inbox `INSERT` met the dedup key, before the committed record's verdict is read) and
+/// `before_commit` (after every write, before `COMMIT`).
+pub const POINTS: &[&str] = &["before_insert", "before_verdict", "before_commit"];
 
 /// Awaited with the point's name and the event id; the apply does nothing else until it
 /// returns. The apply's time budget keeps running meanwhile.

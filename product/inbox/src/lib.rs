@@ -26,6 +26,7 @@ pub mod identity;
 #[cfg(feature = "mutants")]
 pub mod mutants;
 mod pool;
+pub mod prune;
 pub mod schema;
 pub mod store;
 

@@ -17,7 +17,7 @@
 //! | applied, first event of the task | `BEGIN`, [`INSERT_INBOX`], [`UPSERT_VIEW`] (inserts), `COMMIT` | 4 |
 //! | applied, view exists | `BEGIN`, [`INSERT_INBOX`], [`UPSERT_VIEW`] (advances), `COMMIT` | 4 |
 //! | stale (older version) | `BEGIN`, [`INSERT_INBOX`], [`UPSERT_VIEW`] (unchanged), [`MARK_STALE`], `COMMIT` | 5 |
-//! | duplicate | `BEGIN`, [`INSERT_INBOX`] → 1062, `ROLLBACK`, [`READ_VERDICT`] | 4 |
+//! | duplicate | `BEGIN`, [`INSERT_INBOX`] → 1062, [`READ_VERDICT`], `ROLLBACK` | 4 |
 //! | conflict (same version, other event) | `BEGIN`, [`INSERT_INBOX`], [`UPSERT_VIEW`], [`READ_VIEW_EVENT`], `ROLLBACK` | 5 |
 //!
 //! plus whatever a caller's [`BusinessWrite`] sends, inside the same transaction.
@@ -50,6 +50,9 @@
 //! 3. Only a higher version advances the view (the upsert's `IF`s); it reports what it found
 //!    through the OK packet's last-insert-id. An older version clears the inbox row's `applied`
 //!    flag ([`MARK_STALE`]). The same version with another event id is a conflict: roll back.
+//!    The same version with the same event id, which the inbox did not hold (its row was
+//!    pruned, `crate::prune`), is stale too: recorded again with `applied = 0`, never applied
+//!    twice.
 //! 4. The caller's writes run, then `COMMIT`. Only a COMMIT answered with OK returns `Ok`.
 //!    COMMIT answered with an error packet is a definite failure; COMMIT with no answer (the
 //!    connection broke, or the time budget ran out) is [`ApplyError::CommitUnconfirmed`].
@@ -171,10 +174,19 @@ pub const READ_VIEW_EVENT: &str = "SELECT last_event_id FROM receiver_task_views
 /// digest, and the record's flag (READ COMMITTED sees it: the 1062 is only raised once the
 /// competitor has committed). The server compares; the stored digest comes back for a
 /// conflict's message. Not the frozen event: a duplicate should not cost a transfer of up to
-/// 512 KiB. Binds the delivered digest, then the identity.
+/// 512 KiB. Read inside the transaction that met the key, whose shared lock on the row keeps a
+/// prune from deleting it first. Binds the delivered digest, then the identity.
 pub const READ_VERDICT: &str =
     "SELECT event_digest = ?, event_digest, applied FROM receiver_inbox \
      WHERE consumer_name = ? AND queue_id = ? AND event_id = ?";
+
+/// Whether the inbox has an index of this name.
+pub const INDEX_EXISTS: &str = "SELECT COUNT(*) FROM information_schema.statistics \
+     WHERE table_schema = DATABASE() AND table_name = 'receiver_inbox' AND index_name = ?";
+
+/// The age of the oldest inbox row of a consumer and queue, in microseconds (NULL: none).
+const OLDEST_AGE: &str = "SELECT TIMESTAMPDIFF(MICROSECOND, MIN(received_at), UTC_TIMESTAMP(6)) \
+     FROM receiver_inbox WHERE consumer_name = ? AND queue_id = ?";
 
 /// The session time zone of every store connection: times are stored as UTC.
 pub const SESSION_TIME_ZONE: &str = "+00:00";
@@ -731,10 +743,17 @@ impl Store {
                 Ok(outcome)
             }
             Ok(Step::AlreadyRecorded) => {
-                conn.get().execute("ROLLBACK").await?;
+                // The verdict is read before ROLLBACK: the duplicate key left this transaction
+                // a shared lock on the committed row, so nothing (a prune's DELETE) can remove
+                // it between the dedup claim and the verdict. Read after ROLLBACK, a row pruned
+                // in between would be "vanished", an error costing the delivery an attempt.
+                #[cfg(feature = "fault-hooks")]
+                self.barrier("before_verdict", event).await;
                 let resolved = self.resolve_duplicate(conn.get(), event).await;
-                if !matches!(resolved, Err(ApplyError::Storage(_))) {
-                    conn.clean();
+                let rolled_back = conn.get().execute("ROLLBACK").await;
+                match (&resolved, rolled_back) {
+                    (Err(ApplyError::Storage(_)), _) | (_, Err(_)) => {}
+                    _ => conn.clean(),
                 }
                 resolved
             }
@@ -839,7 +858,7 @@ impl Store {
                 // A fresh row counts 1, an updated row 2 (the driver asks for found rows).
                 (VIEW_CREATED, 1) | (VIEW_ADVANCED, 2) => Outcome::Applied,
                 // Older, or the same version and event id whose inbox row is no longer there
-                // (the receiver never deletes one, but an operator might): history only.
+                // (pruned, `crate::prune`): history only, recorded again as not applied.
                 (VIEW_NEWER | VIEW_SAME_EVENT, _) => {
                     self.identity_query(MARK_STALE, event.id())
                         .execute(&mut *conn)
@@ -954,6 +973,33 @@ impl Store {
             applied: row.try_get(1).map_err(decode)?,
             canonical: row.try_get(2).map_err(decode)?,
         }))
+    }
+
+    /// Whether the inbox has the index [`crate::prune::RECEIVED_AT_INDEX`], which makes
+    /// [`Store::inbox_oldest_age`] a lookup instead of a scan.
+    pub async fn has_received_at_index(&self) -> Result<bool, StorageError> {
+        let query = sqlx::query(INDEX_EXISTS).bind(crate::prune::RECEIVED_AT_INDEX);
+        let row = self
+            .read(query)
+            .await?
+            .ok_or(StorageError::unexpected("COUNT(*) returned no row"))?;
+        let n: i64 = row.try_get(0).map_err(storage)?;
+        Ok(n > 0)
+    }
+
+    /// How long ago the oldest inbox row of this consumer and queue was received, by the
+    /// server's clock; `None` for an empty inbox. With the `received_at` index the server
+    /// answers from the index's first entry; without it, it scans the consumer's rows.
+    pub async fn inbox_oldest_age(&self) -> Result<Option<Duration>, StorageError> {
+        let query = sqlx::query(OLDEST_AGE)
+            .bind(self.consumer.as_str().as_bytes())
+            .bind(self.queue.as_str().as_bytes());
+        let row = self
+            .read(query)
+            .await?
+            .ok_or(StorageError::unexpected("MIN() returned no row"))?;
+        let micros: Option<i64> = row.try_get(0).map_err(storage)?;
+        Ok(micros.map(|m| Duration::from_micros(m.max(0).unsigned_abs())))
     }
 
     /// The committed view of `task`, if any.

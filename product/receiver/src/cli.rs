@@ -27,6 +27,7 @@ pub enum Command {
     Demo,
     Consume,
     Retention,
+    Prune(PruneArgs),
     Digest {
         queue: Option<QueueId>,
         file: Option<String>,
@@ -38,6 +39,34 @@ pub enum Command {
         compare: Option<String>,
     },
 }
+
+/// What `receiver prune` was asked to do, checked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PruneArgs {
+    /// The window: rows received longer ago than this are deleted.
+    pub older_than: Window,
+    pub batch_rows: u32,
+    pub pause: std::time::Duration,
+    /// Stop cleanly after this long (between batches).
+    pub max_seconds: Option<u64>,
+    pub dry_run: bool,
+}
+
+/// A window as given (`30d`) and in seconds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Window {
+    pub text: String,
+    pub seconds: u64,
+}
+
+/// The shortest window `prune` takes without `--allow-short-window`.
+pub const WINDOW_FLOOR_SECONDS: u64 = 24 * 3600;
+/// Rows per batch unless `--batch-rows` says otherwise.
+pub const DEFAULT_BATCH_ROWS: u32 = 1_000;
+/// The pause between two batches unless `--pause` says otherwise.
+pub const DEFAULT_PAUSE: std::time::Duration = std::time::Duration::from_millis(20);
+/// The longest pause `--pause` takes.
+const MAX_PAUSE: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// A usage error: the one line to print on stderr (exit 2).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -63,6 +92,7 @@ enum Sub {
     Demo(Bare),
     Consume(Bare),
     Retention(Bare),
+    Prune(PruneFlags),
     Digest(DigestArgs),
     Inspect(InspectArgs),
     Help,
@@ -84,6 +114,25 @@ struct DigestArgs {
     #[arg(long, overrides_with = "queue")]
     queue: Option<String>,
     file: Option<String>,
+}
+
+#[derive(Args)]
+#[command(disable_help_flag = true)]
+struct PruneFlags {
+    #[arg(short, long)]
+    help: bool,
+    #[arg(long, allow_hyphen_values = true)]
+    older_than: Option<String>,
+    #[arg(long, allow_hyphen_values = true)]
+    batch_rows: Option<String>,
+    #[arg(long, allow_hyphen_values = true)]
+    pause: Option<String>,
+    #[arg(long, allow_hyphen_values = true)]
+    max_seconds: Option<String>,
+    #[arg(long)]
+    dry_run: bool,
+    #[arg(long)]
+    allow_short_window: bool,
 }
 
 #[derive(Args)]
@@ -126,6 +175,8 @@ pub fn parse(args: Vec<OsString>) -> Result<Invocation, Usage> {
         Sub::Demo(b) => (b.help, DEMO_HELP, Some(Command::Demo)),
         Sub::Consume(b) => (b.help, CONSUME_HELP, Some(Command::Consume)),
         Sub::Retention(b) => (b.help, RETENTION_HELP, Some(Command::Retention)),
+        Sub::Prune(p) if p.help => (true, PRUNE_HELP, None),
+        Sub::Prune(p) => (false, PRUNE_HELP, Some(prune(p)?)),
         Sub::Digest(d) if d.help => (true, DIGEST_HELP, None),
         Sub::Digest(d) => (false, DIGEST_HELP, Some(digest(d)?)),
         Sub::Inspect(i) if i.help => (true, INSPECT_HELP, None),
@@ -146,6 +197,104 @@ fn digest(d: DigestArgs) -> Result<Command, Usage> {
         queue,
         file: d.file,
     })
+}
+
+fn prune(p: PruneFlags) -> Result<Command, Usage> {
+    let bad = |problem: String| usage("prune", &problem);
+    let Some(text) = p.older_than else {
+        return Err(bad(
+            "give --older-than, the window to keep (e.g. 30d)".into()
+        ));
+    };
+    let seconds = duration_seconds(
+        &text,
+        &[("s", 1), ("m", 60), ("h", 3600), ("d", 86_400)],
+        false,
+    )
+    .map_err(|why| bad(format!("--older-than {text}: {why}")))?;
+    if seconds < WINDOW_FLOOR_SECONDS && !p.allow_short_window {
+        return Err(bad(format!(
+            "--older-than {text} is under the 24h floor: a window shorter than the platform's redelivery horizon turns redeliveries into first receipts; add --allow-short-window if that is meant"
+        )));
+    }
+    let batch_rows = match p.batch_rows {
+        None => DEFAULT_BATCH_ROWS,
+        Some(b) => match b.parse::<u32>() {
+            Ok(n @ 1..=result_inbox::prune::MAX_BATCH_ROWS) => n,
+            _ => {
+                return Err(bad(format!(
+                    "--batch-rows {b}: must be a whole number from 1 to {}",
+                    result_inbox::prune::MAX_BATCH_ROWS
+                )))
+            }
+        },
+    };
+    let pause = match p.pause {
+        None => DEFAULT_PAUSE,
+        Some(t) => {
+            let ms = duration_seconds(&t, &[("ms", 1), ("s", 1000)], true)
+                .map_err(|why| bad(format!("--pause {t}: {why}")))?;
+            let pause = std::time::Duration::from_millis(ms);
+            if pause > MAX_PAUSE {
+                return Err(bad(format!("--pause {t}: at most 60s")));
+            }
+            pause
+        }
+    };
+    let max_seconds = match p.max_seconds {
+        None => None,
+        Some(m) => match m.parse::<u64>() {
+            Ok(n) if n > 0 => Some(n),
+            _ => {
+                return Err(bad(format!(
+                    "--max-seconds {m}: must be a whole number of seconds, more than 0"
+                )))
+            }
+        },
+    };
+    Ok(Command::Prune(PruneArgs {
+        older_than: Window { text, seconds },
+        batch_rows,
+        pause,
+        max_seconds,
+        dry_run: p.dry_run,
+    }))
+}
+
+/// `text` as a whole number and one of `units` (name, how many of the smallest unit), in the
+/// smallest unit; why not, in a few words. Zero only if `zero_ok` (then with or without a unit).
+fn duration_seconds(text: &str, units: &[(&str, u64)], zero_ok: bool) -> Result<u64, String> {
+    let names = units.iter().map(|(u, _)| *u).collect::<Vec<_>>().join(", ");
+    if text.starts_with('-') {
+        return Err("cannot be negative".into());
+    }
+    if zero_ok && text.trim_end_matches(|c: char| c.is_ascii_alphabetic()) == "0" {
+        return Ok(0);
+    }
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (digits, unit) = text.split_at(split);
+    if digits.is_empty() {
+        return Err(format!(
+            "needs a whole number and a unit ({names}), e.g. 30{}",
+            units.last().map_or("", |u| u.0)
+        ));
+    }
+    let Some((_, size)) = units.iter().find(|(u, _)| *u == unit) else {
+        return Err(if unit.is_empty() {
+            format!("needs a unit ({names})")
+        } else {
+            format!("unknown unit `{unit}` (use {names})")
+        });
+    };
+    let n: u64 = digits.parse().map_err(|_| "is too large".to_owned())?;
+    if n == 0 {
+        return Err("must be more than zero".into());
+    }
+    n.checked_mul(*size)
+        .filter(|v| *v <= 100 * 365 * 86_400 * 1000)
+        .ok_or_else(|| "is too large".to_owned())
 }
 
 fn inspect(i: InspectArgs) -> Result<Command, Usage> {
@@ -195,7 +344,12 @@ fn usage_line(command: &str, e: &clap::Error) -> Usage {
             "digest" if flag.starts_with("--") => {
                 usage("digest", &format!("unknown flag `{flag}`"))
             }
-            "digest" | "inspect" => usage(command, &format!("unexpected argument `{flag}`")),
+            "prune" if flag.starts_with("--") => {
+                usage("prune", &format!("unknown flag `{flag}`"))
+            }
+            "digest" | "inspect" | "prune" => {
+                usage(command, &format!("unexpected argument `{flag}`"))
+            }
             "help" => Usage(format!(
                 "receiver help: unexpected argument `{flag}`: run `receiver help` for the commands"
             )),
@@ -208,6 +362,10 @@ fn usage_line(command: &str, e: &clap::Error) -> Usage {
             let needs = match flag.as_str() {
                 "--queue" => "a queue id",
                 "--compare" => "a file",
+                "--older-than" => "a window, e.g. 30d",
+                "--batch-rows" => "a number of rows",
+                "--pause" => "a duration, e.g. 20ms",
+                "--max-seconds" => "a number of seconds",
                 _ => "an id",
             };
             usage(command, &format!("{flag} needs {needs}"))
@@ -224,7 +382,8 @@ commands:
   consume    apply an existing subscription's deliveries until SIGINT/SIGTERM
   digest     print an event's canonical bytes and SHA-256 (read-only)
   inspect    show what the receiver (and the platform) recorded for an event or a task (read-only)
-  retention  inbox size and age per consumer and queue (read-only)";
+  retention  inbox size and age per consumer and queue (read-only)
+  prune      delete inbox rows older than a window, in small batches (a prune account)";
 
 pub const DIGEST_HELP: &str = "usage: receiver digest [--queue QUEUE] [FILE]
 
@@ -260,6 +419,29 @@ budgets, manual retries, backup restores) lets a redelivery apply its effect a s
 
 environment:
   ORBIT_RECEIVER_DSN  the receiver database";
+
+pub const PRUNE_HELP: &str = "usage: receiver prune --older-than WINDOW [--dry-run] [--batch-rows N] [--pause D] [--max-seconds N] [--allow-short-window]
+
+Deletes the inbox rows of RECEIVER_NAME and the queue received more than WINDOW ago (30d; units
+s, m, h, d), oldest first, in batches of --batch-rows (1000; at most 10000), each its own short
+transaction, with --pause between them (20ms; ms or s). Task views are never touched. A
+redelivery of a pruned event is still never applied twice (it is recorded again as stale), but
+an event reusing a pruned id with other content is no longer seen as a conflict: the window must
+cover every redelivery, manual retry and restore (docs/capacity.md). Refuses a window under 24h
+unless --allow-short-window. --dry-run prints what it would delete and deletes nothing.
+--max-seconds stops cleanly between batches; a second run continues; two at once are safe.
+SIGINT or SIGTERM stops after the batch in flight. Never calls the platform.
+
+Prints one line at the end: rows, bytes, batches, seconds, the oldest row left; progress on a
+terminal. Exit status: 0 nothing older than the window is left (or a dry run), 1 a database
+error (what was deleted stays deleted), 2 bad usage or configuration, 4 stopped by
+--max-seconds or a signal with rows left.
+
+environment:
+  ORBIT_RECEIVER_DSN  the receiver database, as the prune account (SELECT and DELETE on
+                      receiver_inbox only: schema/grants.sql)
+  RECEIVER_NAME       the receiver's purpose, default task-result-view
+  ORBIT_QUEUE_ID or ORBIT_CREDENTIALS_FILE   the queue";
 
 pub const INIT_HELP: &str = "usage: receiver init
 
@@ -357,6 +539,8 @@ mod tests {
             (&["digest", "--help"], DIGEST_HELP),
             (&["inspect", "-h"], INSPECT_HELP),
             (&["retention", "--help"], RETENTION_HELP),
+            (&["prune", "--help"], PRUNE_HELP),
+            (&["prune", "--older-than", "30d", "-h"], PRUNE_HELP),
             (&["demo", "--help"], DEMO_HELP),
         ] {
             assert_eq!(run(args), Ok(Invocation::Help(text)), "{args:?}");
@@ -411,6 +595,93 @@ mod tests {
             line(&["inspect", "--task-id", "t", "extra"]),
             "receiver inspect: unexpected argument `extra` (receiver inspect --help)"
         );
+    }
+
+    #[test]
+    fn prune_reads_its_window_batch_pause_and_limit() {
+        assert_eq!(
+            run(&["prune", "--older-than", "30d"]),
+            Ok(Invocation::Run(Command::Prune(PruneArgs {
+                older_than: Window {
+                    text: "30d".into(),
+                    seconds: 30 * 86_400
+                },
+                batch_rows: DEFAULT_BATCH_ROWS,
+                pause: DEFAULT_PAUSE,
+                max_seconds: None,
+                dry_run: false,
+            })))
+        );
+        let Ok(Invocation::Run(Command::Prune(p))) = run(&[
+            "prune",
+            "--older-than",
+            "90m",
+            "--allow-short-window",
+            "--batch-rows",
+            "10000",
+            "--pause",
+            "0",
+            "--max-seconds",
+            "60",
+            "--dry-run",
+        ]) else {
+            panic!("refused")
+        };
+        assert_eq!(
+            (
+                p.older_than.seconds,
+                p.batch_rows,
+                p.pause,
+                p.max_seconds,
+                p.dry_run
+            ),
+            (5400, 10_000, std::time::Duration::ZERO, Some(60), true)
+        );
+        for (window, seconds) in [
+            ("86400s", 86_400),
+            ("1440m", 86_400),
+            ("24h", 86_400),
+            ("7d", 604_800),
+        ] {
+            let Ok(Invocation::Run(Command::Prune(p))) = run(&["prune", "--older-than", window])
+            else {
+                panic!("{window} refused")
+            };
+            assert_eq!(p.older_than.seconds, seconds, "{window}");
+        }
+        let Ok(Invocation::Run(Command::Prune(p))) =
+            run(&["prune", "--older-than", "2d", "--pause", "1s"])
+        else {
+            panic!("refused")
+        };
+        assert_eq!(p.pause, std::time::Duration::from_secs(1));
+    }
+
+    #[test]
+    fn prune_refuses_every_bad_value_with_one_line() {
+        let help = "(receiver prune --help)";
+        for (args, problem) in [
+            (&["prune"][..], "give --older-than, the window to keep (e.g. 30d)"),
+            (&["prune", "--older-than", "23h"], "--older-than 23h is under the 24h floor: a window shorter than the platform's redelivery horizon turns redeliveries into first receipts; add --allow-short-window if that is meant"),
+            (&["prune", "--older-than", "0d", "--allow-short-window"], "--older-than 0d: must be more than zero"),
+            (&["prune", "--older-than", "-1d"], "--older-than -1d: cannot be negative"),
+            (&["prune", "--older-than", "30w"], "--older-than 30w: unknown unit `w` (use s, m, h, d)"),
+            (&["prune", "--older-than", "30"], "--older-than 30: needs a unit (s, m, h, d)"),
+            (&["prune", "--older-than", "d"], "--older-than d: needs a whole number and a unit (s, m, h, d), e.g. 30d"),
+            (&["prune", "--older-than", "1.5d"], "--older-than 1.5d: unknown unit `.5d` (use s, m, h, d)"),
+            (&["prune", "--older-than", "99999999999999999999d"], "--older-than 99999999999999999999d: is too large"),
+            (&["prune", "--older-than", "30d", "--batch-rows", "0"], "--batch-rows 0: must be a whole number from 1 to 10000"),
+            (&["prune", "--older-than", "30d", "--batch-rows", "10001"], "--batch-rows 10001: must be a whole number from 1 to 10000"),
+            (&["prune", "--older-than", "30d", "--batch-rows", "-5"], "--batch-rows -5: must be a whole number from 1 to 10000"),
+            (&["prune", "--older-than", "30d", "--pause", "5m"], "--pause 5m: unknown unit `m` (use ms, s)"),
+            (&["prune", "--older-than", "30d", "--pause", "61s"], "--pause 61s: at most 60s"),
+            (&["prune", "--older-than", "30d", "--max-seconds", "0"], "--max-seconds 0: must be a whole number of seconds, more than 0"),
+            (&["prune", "--older-than", "30d", "--fast"], "unknown flag `--fast`"),
+            (&["prune", "--older-than", "30d", "now"], "unexpected argument `now`"),
+            (&["prune", "--older-than"], "--older-than needs a window, e.g. 30d"),
+        ] {
+            assert_eq!(line(args), format!("receiver prune: {problem} {help}"), "{args:?}");
+        }
     }
 
     #[test]

@@ -590,39 +590,7 @@ impl InspectConfig {
             let queue = platform.as_ref().map(|p| p.queue.clone());
             (queue, platform.zip(subscription))
         } else {
-            let file = source.get(ORBIT_CREDENTIALS_FILE).filter(|f| !f.is_empty());
-            let queue_text = match (source.get(ORBIT_QUEUE_ID), file) {
-                (Some(q), _) => Some(q),
-                (None, Some(f)) => match orbit_sdk::Credentials::load(std::path::Path::new(&f)) {
-                    Ok(c) => Some(c.queue_id),
-                    Err(e) => {
-                        errors.push(ConfigError {
-                            variable: ORBIT_CREDENTIALS_FILE,
-                            problem: e.to_string(),
-                        });
-                        None
-                    }
-                },
-                (None, None) => {
-                    errors.push(ConfigError {
-                        variable: ORBIT_QUEUE_ID,
-                        problem: "is not set (nor ORBIT_CREDENTIALS_FILE): inspect needs the queue"
-                            .into(),
-                    });
-                    None
-                }
-            };
-            let queue = queue_text.and_then(|q| match result_inbox::QueueId::new(q) {
-                Ok(q) => Some(q),
-                Err(e) => {
-                    errors.push(ConfigError {
-                        variable: ORBIT_QUEUE_ID,
-                        problem: e.to_string(),
-                    });
-                    None
-                }
-            });
-            (queue, None)
+            (queue_without_platform(source, &mut errors, "inspect"), None)
         };
         match (dsn, name, queue) {
             (Some(dsn), Some(name), Some(queue)) if errors.is_empty() => Ok(InspectConfig {
@@ -631,6 +599,73 @@ impl InspectConfig {
                 queue,
                 platform,
             }),
+            _ => Err(ConfigErrors(errors)),
+        }
+    }
+}
+
+/// The queue from `ORBIT_QUEUE_ID`, else from the credentials file, for a `command` that
+/// never calls the platform.
+fn queue_without_platform(
+    source: &dyn Source,
+    errors: &mut Vec<ConfigError>,
+    command: &str,
+) -> Option<result_inbox::QueueId> {
+    let file = source.get(ORBIT_CREDENTIALS_FILE).filter(|f| !f.is_empty());
+    let queue_text = match (source.get(ORBIT_QUEUE_ID), file) {
+        (Some(q), _) => Some(q),
+        (None, Some(f)) => match orbit_sdk::Credentials::load(std::path::Path::new(&f)) {
+            Ok(c) => Some(c.queue_id),
+            Err(e) => {
+                errors.push(ConfigError {
+                    variable: ORBIT_CREDENTIALS_FILE,
+                    problem: e.to_string(),
+                });
+                None
+            }
+        },
+        (None, None) => {
+            errors.push(ConfigError {
+                variable: ORBIT_QUEUE_ID,
+                problem: format!(
+                    "is not set (nor ORBIT_CREDENTIALS_FILE): {command} needs the queue"
+                ),
+            });
+            None
+        }
+    };
+    queue_text.and_then(|q| match result_inbox::QueueId::new(q) {
+        Ok(q) => Some(q),
+        Err(e) => {
+            errors.push(ConfigError {
+                variable: ORBIT_QUEUE_ID,
+                problem: e.to_string(),
+            });
+            None
+        }
+    })
+}
+
+/// What `receiver prune` needs: the database (as the prune account), the consumer and queue.
+#[derive(Debug, Clone)]
+pub struct PruneConfig {
+    pub dsn: Dsn,
+    pub name: ConsumerName,
+    pub queue: result_inbox::QueueId,
+}
+
+impl PruneConfig {
+    /// Parses every variable `prune` reads.
+    pub fn from_source(source: &dyn Source) -> Result<Self, ConfigErrors> {
+        not_utf8(source)?;
+        let mut errors = Vec::new();
+        let dsn = receiver_dsn(source, &mut errors);
+        let name = receiver_name(source, &mut errors);
+        let queue = queue_without_platform(source, &mut errors, "prune");
+        match (dsn, name, queue) {
+            (Some(dsn), Some(name), Some(queue)) if errors.is_empty() => {
+                Ok(PruneConfig { dsn, name, queue })
+            }
             _ => Err(ConfigErrors(errors)),
         }
     }

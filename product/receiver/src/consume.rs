@@ -242,6 +242,9 @@ pub async fn run_with(
     }
     let gate = CreditGate::new();
     let outage = Outage::start(store.clone(), gate.clone(), metrics.clone());
+    let ages = config
+        .metrics
+        .map(|_| tokio::spawn(watch_inbox_age(store.clone(), metrics.clone())));
     let consumer = {
         let store = store.clone();
         let consumer = (seams.consumer)(
@@ -325,6 +328,9 @@ pub async fn run_with(
     tracing::info!(signal, "stopping: cancelling in-flight handlers");
     let summary = consumer.shutdown(DRAIN).await;
     watch.abort();
+    if let Some(ages) = ages {
+        ages.abort();
+    }
     store.close().await;
     tracing::info!(
         cancelled_handlers = summary.cancelled_handlers,
@@ -333,6 +339,36 @@ pub async fn run_with(
         "stopped; the subscription stays enabled"
     );
     Ok(())
+}
+
+/// How often `receiver_inbox_oldest_age_seconds` is read: pruning runs nightly, the alert
+/// looks for days.
+pub const INBOX_AGE_PERIOD: Duration = Duration::from_secs(60);
+
+/// Keeps `receiver_inbox_oldest_age_seconds`: read at once, then every [`INBOX_AGE_PERIOD`],
+/// and only where the `received_at` index makes it a lookup (without it, each read would scan
+/// the consumer's rows: the gauge stays -1 and one line says why).
+async fn watch_inbox_age(store: Arc<Store>, metrics: Metrics) {
+    match store.has_received_at_index().await {
+        Ok(true) => {}
+        Ok(false) => {
+            tracing::warn!(
+                "receiver_inbox_oldest_age_seconds is not read: the inbox lacks the received_at index (docs/capacity.md adds it)"
+            );
+            return;
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read the inbox's indexes; trying the oldest row's age anyway")
+        }
+    }
+    loop {
+        let age = store.inbox_oldest_age().await;
+        metrics.inbox_oldest_age(match age {
+            Ok(age) => Some(age.unwrap_or_default()),
+            Err(_) => None,
+        });
+        tokio::time::sleep(INBOX_AGE_PERIOD).await;
+    }
 }
 
 /// A handler's delivery until it has logged its line: a handler cancelled before that (at

@@ -7,6 +7,7 @@
 //! | point | where |
 //! |---|---|
 //! | `before_insert` | in the Apply transaction, after `BEGIN`, before the inbox `INSERT` |
+//! | `before_verdict` | in the Apply transaction, after the inbox `INSERT` met the dedup key, before the committed record's verdict is read |
 //! | `before_commit` | after the inbox row and the view are written, before `COMMIT` |
 //! | `after_commit` | after the apply answered (COMMIT confirmed, or a duplicate/stale verdict), before the handler returns and the SDK ACKs |
 //! | `after_ack_sent` | in the SDK, right after the ACK frame was written to the stream |
@@ -27,6 +28,7 @@ use std::sync::{Mutex, OnceLock};
 /// Every barrier point, in flow order.
 pub const POINTS: &[&str] = &[
     "before_insert",
+    "before_verdict",
     "before_commit",
     "after_commit",
     "after_ack_sent",

@@ -5,7 +5,8 @@
 //! The flow runs one way: the SDK hands a delivery's bytes to [`delivery`], which validates
 //! them and calls the core's `Store::apply`; the classification it returns decides whether
 //! the SDK may ACK. [`config`] reads the environment, once, for every command; [`consume`] and
-//! [`demo`] wire the SDK to the store; [`inspect`] reads, never writes.
+//! [`demo`] wire the SDK to the store; [`inspect`] reads, never writes; [`prune`] deletes old
+//! inbox rows, as an account of its own.
 //!
 //! What this crate must never do: ACK an event whose transaction did not commit, print a
 //! token, a password, a result body or a lease proof, or read the environment outside
@@ -23,3 +24,4 @@ pub mod metrics;
 #[cfg(feature = "mutants")]
 pub mod mutant;
 pub mod outage;
+pub mod prune;

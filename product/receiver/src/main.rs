@@ -7,7 +7,7 @@ use std::process::ExitCode;
 
 use receiver::cli::{self, Command, Invocation};
 use receiver::config::{
-    ConfigErrors, ConsumeConfig, DemoConfig, InitConfig, LogFormat, ProcessEnv,
+    ConfigErrors, ConsumeConfig, DemoConfig, InitConfig, LogFormat, ProcessEnv, PruneConfig,
 };
 use receiver::inspect::Target;
 
@@ -22,6 +22,7 @@ pub fn main() -> ExitCode {
             Command::Demo => demo(),
             Command::Consume => consume(),
             Command::Retention => retention(),
+            Command::Prune(args) => prune(&args),
             Command::Digest { queue, file } => digest(queue, file),
             Command::Inspect {
                 target,
@@ -115,20 +116,10 @@ fn consume() -> ExitCode {
     let rt = runtime();
     let result = rt.block_on(async {
         // Registered before anything else: a signal during start-up also ends the process
-        // cleanly (exit 0), never by the signal's default action.
-        use tokio::signal::unix::{signal, SignalKind};
-        let (mut term, mut int) = match (
-            signal(SignalKind::terminate()),
-            signal(SignalKind::interrupt()),
-        ) {
-            (Ok(term), Ok(int)) => (term, int),
-            (Err(e), _) | (_, Err(e)) => return Err(receiver::consume::ConsumeError::Signals(e)),
-        };
-        let stop = async move {
-            tokio::select! {
-                _ = term.recv() => "SIGTERM",
-                _ = int.recv() => "SIGINT",
-            }
+        // cleanly (exit 0).
+        let stop = match stop_signal() {
+            Ok(stop) => stop,
+            Err(e) => return Err(receiver::consume::ConsumeError::Signals(e)),
         };
         #[cfg(not(feature = "mutants"))]
         return receiver::consume::run(&config, stop).await;
@@ -141,6 +132,59 @@ fn consume() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("receiver consume: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// SIGINT or SIGTERM, whichever comes first, named; registered before the command starts, so
+/// that a signal during start-up also ends it cleanly, never by the signal's default action.
+fn stop_signal() -> std::io::Result<impl std::future::Future<Output = &'static str> + Send + 'static>
+{
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    Ok(async move {
+        tokio::select! {
+            _ = term.recv() => "SIGTERM",
+            _ = int.recv() => "SIGINT",
+        }
+    })
+}
+
+fn prune(args: &receiver::cli::PruneArgs) -> ExitCode {
+    let config = match PruneConfig::from_source(&ProcessEnv) {
+        Ok(c) => c,
+        Err(errors) => return config_failed("prune", errors),
+    };
+    let rt = runtime();
+    let report = rt.block_on(async {
+        let stop = stop_signal().map_err(|e| format!("cannot watch for signals: {e}"))?;
+        receiver::prune::run(&config, args, stop)
+            .await
+            .map_err(|e| e.to_string())
+    });
+    match report {
+        Ok(receiver::prune::Report::DryRun(d)) => {
+            println!("{d}");
+            ExitCode::SUCCESS
+        }
+        Ok(receiver::prune::Report::Pruned(s)) => {
+            if let receiver::prune::Ending::Failed(e) = &s.ending {
+                if s.rows > 0 {
+                    println!("{s}");
+                }
+                eprintln!(
+                    "receiver prune: {e} (after {} rows in {} batches, which stay deleted)",
+                    s.rows, s.batches
+                );
+            } else {
+                println!("{s}");
+            }
+            ExitCode::from(s.exit_code())
+        }
+        Err(e) => {
+            eprintln!("receiver prune: {e}");
             ExitCode::FAILURE
         }
     }

@@ -57,6 +57,7 @@ struct Inner {
     database_up: Gauge,
     replica_ack: Gauge,
     last_applied: Gauge<f64, AtomicU64>,
+    inbox_oldest_age: Gauge<f64, AtomicU64>,
     acks: Family<ResultLabel, Counter>,
     subscription_checked: AtomicBool,
 }
@@ -138,6 +139,13 @@ impl Metrics {
             "When an event last advanced a view (Unix time), 0 before the first",
             last_applied.clone(),
         );
+        let inbox_oldest_age = Gauge::<f64, AtomicU64>::default();
+        inbox_oldest_age.set(-1.0);
+        registry.register(
+            "inbox_oldest_age_seconds",
+            "Age of the oldest inbox row of this consumer and queue, read every minute (0: empty); above the prune window, prune has stopped running. -1: not read (the inbox lacks the received_at index, or it could not be read)",
+            inbox_oldest_age.clone(),
+        );
         let acks = Family::<ResultLabel, Counter>::default();
         registry.register("ack", "ACKs the platform answered, by result", acks.clone());
         registry.register(
@@ -155,6 +163,7 @@ impl Metrics {
             database_up,
             replica_ack,
             last_applied,
+            inbox_oldest_age,
             acks,
             subscription_checked: AtomicBool::new(false),
         }))
@@ -212,6 +221,13 @@ impl Metrics {
     /// receiver does not require it).
     pub fn replica_ack(&self, acknowledged: bool) {
         self.0.replica_ack.set(i64::from(acknowledged));
+    }
+
+    /// The oldest inbox row's age (`None`: not known).
+    pub fn inbox_oldest_age(&self, age: Option<Duration>) {
+        self.0
+            .inbox_oldest_age
+            .set(age.map_or(-1.0, |a| a.as_secs_f64()));
     }
 
     /// Whether new deliveries are held (an apply's suspicion, before a probe decides).

@@ -125,6 +125,9 @@ pub struct Provisioned {
     pub runtime: Account,
     /// Everything on the platform database; nothing on the receiver's.
     pub platform: Account,
+    /// SELECT and DELETE on the inbox, once [`Provisioned::grant_runtime`] has run; nothing
+    /// else (`receiver prune`).
+    pub prune: Account,
 }
 
 static SEQ: AtomicU64 = AtomicU64::new(0);
@@ -151,13 +154,14 @@ impl Server {
             init: account("init"),
             runtime: account("run"),
             platform: account("plat"),
+            prune: account("prune"),
         };
         let mut conn = connect(p.admin_url.expose()).await?;
         let mut stmts = vec![
             format!("CREATE DATABASE `{}` CHARACTER SET utf8mb4", p.platform_db),
             format!("CREATE DATABASE `{}` CHARACTER SET utf8mb4", p.receiver_db),
         ];
-        for a in [&p.init, &p.runtime, &p.platform] {
+        for a in [&p.init, &p.runtime, &p.platform, &p.prune] {
             stmts.push(format!(
                 "CREATE USER '{}'@'%' IDENTIFIED BY '{}'",
                 a.user,
@@ -184,8 +188,8 @@ impl Server {
 
 impl Provisioned {
     /// The statements of `schema/grants.sql` for this test's names: the init step, or the
-    /// runtime step.
-    fn grants(&self, runtime: bool) -> Vec<String> {
+    /// steps after init (the runtime and prune accounts').
+    fn grants(&self, after_init: bool) -> Vec<String> {
         GRANTS_SQL
             .lines()
             .filter(|l| !l.trim_start().starts_with("--"))
@@ -194,17 +198,21 @@ impl Provisioned {
             .split(';')
             .map(str::trim)
             .filter(|s| !s.is_empty())
-            .filter(|s| s.contains("receiver_runtime") == runtime)
+            .filter(|s| {
+                (s.contains("receiver_runtime") || s.contains("receiver_prune")) == after_init
+            })
             .map(|s| {
                 s.replace("`orbit_receiver`", &format!("`{}`", self.receiver_db))
                     .replace("'receiver_init'", &format!("'{}'", self.init.user))
                     .replace("'receiver_runtime'", &format!("'{}'", self.runtime.user))
+                    .replace("'receiver_prune'", &format!("'{}'", self.prune.user))
                     .replace("'localhost'", "'%'")
             })
             .collect()
     }
 
-    /// Runs the runtime step of `schema/grants.sql` (after the tables exist).
+    /// Runs the steps of `schema/grants.sql` that need the tables: the runtime and the prune
+    /// accounts' grants.
     pub async fn grant_runtime(&self) -> Result<(), Error> {
         let mut conn = connect(self.admin_url.expose()).await?;
         for stmt in self.grants(true) {
@@ -234,6 +242,11 @@ impl Provisioned {
     /// The runtime account's URL on the receiver database.
     pub fn runtime_url(&self) -> Secret {
         self.receiver_url_for(&self.runtime)
+    }
+
+    /// The prune account's URL on the receiver database.
+    pub fn prune_url(&self) -> Secret {
+        self.receiver_url_for(&self.prune)
     }
 
     /// The platform account's URL on the platform database.
@@ -299,22 +312,20 @@ impl Provisioned {
         &self.address
     }
 
-    async fn drop_all(admin_url: Secret, dbs: [String; 2], users: [String; 3]) {
+    async fn drop_all(admin_url: Secret, dbs: [String; 2], users: [String; 4]) {
         let Ok(mut conn) = connect(admin_url.expose()).await else {
             return;
         };
         // Sessions of this test's own accounts that outlived it (a proxy's connection whose
         // task was never polled again, say) would hold their tables' metadata locks, and DROP
         // DATABASE would wait on them for the server's lock wait timeout (a year by default).
-        let sessions: Vec<i64> = sqlx::query_scalar(
-            "SELECT CAST(ID AS SIGNED) FROM information_schema.PROCESSLIST WHERE USER IN (?, ?, ?)",
-        )
-        .bind(&users[0])
-        .bind(&users[1])
-        .bind(&users[2])
-        .fetch_all(&mut conn)
-        .await
-        .unwrap_or_default();
+        let mut sessions = sqlx::query_scalar(
+            "SELECT CAST(ID AS SIGNED) FROM information_schema.PROCESSLIST WHERE USER IN (?, ?, ?, ?)",
+        );
+        for user in &users {
+            sessions = sessions.bind(user);
+        }
+        let sessions: Vec<i64> = sessions.fetch_all(&mut conn).await.unwrap_or_default();
         for id in sessions {
             let _ = conn.execute(format!("KILL CONNECTION {id}").as_str()).await;
         }
@@ -341,6 +352,7 @@ impl Drop for Provisioned {
                 self.init.user.clone(),
                 self.runtime.user.clone(),
                 self.platform.user.clone(),
+                self.prune.user.clone(),
             ],
         ));
     }

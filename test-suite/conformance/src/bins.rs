@@ -85,3 +85,28 @@ pub fn workspace_example(name: &str) -> PathBuf {
 pub fn receiver_bin() -> PathBuf {
     workspace_bin("receiver")
 }
+
+/// Runs `receiver ARGS` with only `env` (and what [`bare_command`] keeps), `stdin` written to
+/// it and closed; its exit and output.
+pub fn run_receiver(
+    args: &[&str],
+    env: &[(&str, String)],
+    stdin: Option<&[u8]>,
+) -> std::process::Output {
+    use std::io::Write;
+    use std::process::Stdio;
+    let mut child = bare_command(&receiver_bin())
+        .args(args)
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("receiver runs");
+    let mut input = child.stdin.take().expect("a piped stdin");
+    if let Some(bytes) = stdin {
+        input.write_all(bytes).expect("stdin written");
+    }
+    drop(input);
+    child.wait_with_output().expect("receiver ends")
+}

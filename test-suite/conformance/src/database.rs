@@ -125,6 +125,16 @@ impl ReceiverDb {
             .expect("the proxy starts")
     }
 
+    /// [`age_inbox_rows`] on this database.
+    pub async fn age_rows(&self, events: &[&str], days: u32) {
+        age_inbox_rows(&self.db, events, days).await;
+    }
+
+    /// [`prune_env`] for the default consumer and [`QUEUE`].
+    pub fn prune_env(&self, url: &secret::Secret) -> Vec<(&'static str, String)> {
+        prune_env(url)
+    }
+
     /// An admin connection on the receiver database, for inspecting and interfering.
     pub async fn admin(&self) -> MySqlConnection {
         MySqlConnection::connect(self.db.admin_receiver_url().expose())
@@ -192,4 +202,72 @@ pub async fn admin_in_sync(url: &secret::Secret) -> MySqlConnection {
         .await
         .expect("wsrep_sync_wait is set");
     c
+}
+
+/// Writes `n` inbox rows of `consumer` and `queue` straight into the table (as the admin, 1,000
+/// a statement), with ids `<prefix>-<i>`, `bytes` bytes of frozen event each, received
+/// `age_days` ago: what months of applies leave behind, made in seconds. The rows are not
+/// events a store could have written (the bytes are filler); only a prune reads them.
+pub async fn insert_old_inbox_rows(
+    conn: &mut MySqlConnection,
+    (consumer, queue): (&str, &str),
+    prefix: &str,
+    n: usize,
+    bytes: usize,
+    age_days: u32,
+) {
+    let filler = vec![b'x'; bytes];
+    let mut i = 0;
+    while i < n {
+        let chunk = (n - i).min(1_000);
+        let rows = vec!["(?, ?, ?, UNHEX(SHA2(?, 256)), ?, 1, UTC_TIMESTAMP(6) - INTERVAL ? DAY - INTERVAL ? MICROSECOND)"; chunk].join(", ");
+        let sql = format!(
+            "INSERT INTO receiver_inbox (consumer_name, queue_id, event_id, event_digest, event_canonical, applied, received_at) VALUES {rows}"
+        );
+        let mut q = sqlx::query(&sql);
+        for j in i..i + chunk {
+            let id = format!("{prefix}-{j}");
+            q = q
+                .bind(consumer)
+                .bind(queue)
+                .bind(id.clone())
+                .bind(id)
+                .bind(filler.as_slice())
+                .bind(age_days)
+                .bind(j as u64);
+        }
+        q.execute(&mut *conn)
+            .await
+            .expect("old inbox rows inserted");
+        i += chunk;
+    }
+}
+
+/// Moves the inbox rows of `events` `days` into the past, as if received then (as the admin: no
+/// account of the receiver may change `received_at`).
+pub async fn age_inbox_rows(db: &Provisioned, events: &[&str], days: u32) {
+    let mut admin = MySqlConnection::connect(db.admin_receiver_url().expose())
+        .await
+        .expect("admin connects");
+    for e in events {
+        let changed = sqlx::query(
+            "UPDATE receiver_inbox SET received_at = received_at - INTERVAL ? DAY WHERE event_id = ?",
+        )
+        .bind(days)
+        .bind(e)
+        .execute(&mut admin)
+        .await
+        .expect("the inbox row ages")
+        .rows_affected();
+        assert_eq!(changed, 1, "no inbox row of {e} to age");
+    }
+}
+
+/// The environment `receiver prune` needs, connecting with `url` (the prune account's, or
+/// another to prove it refused), for the default consumer and [`QUEUE`].
+pub fn prune_env(url: &secret::Secret) -> Vec<(&'static str, String)> {
+    vec![
+        ("ORBIT_RECEIVER_DSN", url.expose().to_owned()),
+        ("ORBIT_QUEUE_ID", QUEUE.to_owned()),
+    ]
 }

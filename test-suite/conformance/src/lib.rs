@@ -21,10 +21,13 @@ pub mod process;
 pub mod wait;
 
 pub use bins::{
-    bare, bare_command, files_under, receiver_bin, spawn, workspace_bin, workspace_example,
-    RUN_MARKER,
+    bare, bare_command, files_under, receiver_bin, run_receiver, spawn, workspace_bin,
+    workspace_example, RUN_MARKER,
 };
-pub use database::{admin_in_sync, initialise, OwnServerReceiver, ReceiverDb};
+pub use database::{
+    admin_in_sync, age_inbox_rows, initialise, insert_old_inbox_rows, prune_env, OwnServerReceiver,
+    ReceiverDb,
+};
 pub use events::EventSpec;
 pub use http::{http_json, http_raw};
 pub use ledger::{check_ledger, check_ledger_on, Ledger};

@@ -24,6 +24,7 @@ use crate::workspace_bin;
 /// build exits with an error naming the points if it is given any other).
 pub const BARRIERS: &[&str] = &[
     "before_insert",
+    "before_verdict",
     "before_commit",
     "after_commit",
     "after_ack_sent",

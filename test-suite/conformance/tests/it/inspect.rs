@@ -1,10 +1,9 @@
 //! The read-only operator tools: `receiver digest`, `inspect` and `retention`, as real
 //! processes against real servers.
 
-use std::io::Write;
-use std::process::{Output, Stdio};
+use std::process::Output;
 
-use conformance::{bare_command, receiver_bin, EventSpec, OrbitDev, ReceiverDb, QUEUE};
+use conformance::{EventSpec, OrbitDev, ReceiverDb, QUEUE};
 use futures_util::{SinkExt, StreamExt};
 use result_inbox::Outcome;
 use serde_json::Value;
@@ -12,20 +11,7 @@ use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::Message;
 
 fn receiver(args: &[&str], env: &[(&str, String)], stdin: Option<&[u8]>) -> Output {
-    let mut child = bare_command(&receiver_bin())
-        .args(args)
-        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("receiver runs");
-    let mut input = child.stdin.take().unwrap();
-    if let Some(bytes) = stdin {
-        input.write_all(bytes).unwrap();
-    }
-    drop(input);
-    child.wait_with_output().unwrap()
+    conformance::run_receiver(args, env, stdin)
 }
 
 fn text(b: &[u8]) -> String {

@@ -15,6 +15,7 @@ mod metrics;
 mod nemesis;
 mod outage;
 mod platform;
+mod prune;
 mod schema;
 mod storage;
 mod tls;
