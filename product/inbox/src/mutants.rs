@@ -75,11 +75,15 @@ pub enum Mutant {
     /// The inbox row is committed in one transaction and the view in another, so a cut
     /// between them leaves a recorded event whose view never moved (R-STORE-7).
     SplitCommit,
+    /// The view also advances on the same version and event id when the inbox held no row
+    /// for it, so a redelivery after pruning applies a second time (R-STORE-12). While the
+    /// inbox row is there, its dedup hides the fault.
+    ReappliesPruned,
 }
 
 impl Mutant {
     /// Every mutant, in the order the kit reports them.
-    pub const ALL: [Mutant; 23] = [
+    pub const ALL: [Mutant; 24] = [
         Mutant::AckBeforeCommit,
         Mutant::InsertIgnore,
         Mutant::NoDigestCompare,
@@ -103,6 +107,7 @@ impl Mutant {
         Mutant::LostUpdate,
         Mutant::AckEarlySometimes,
         Mutant::SplitCommit,
+        Mutant::ReappliesPruned,
     ];
 
     /// The name `RECEIVER_MUTANT` takes.
@@ -131,6 +136,7 @@ impl Mutant {
             Mutant::LostUpdate => "lost-update",
             Mutant::AckEarlySometimes => "ack-early-sometimes",
             Mutant::SplitCommit => "split-commit",
+            Mutant::ReappliesPruned => "reapplies-pruned",
         }
     }
 
@@ -221,6 +227,18 @@ pub fn statements(m: Mutant) -> &'static Statements {
                     "VALUES (?, ?, ?, ?, ?, REPLACE(?, 'NEEDS_REVIEW', 'SUCCEEDED'), ?,",
                     1,
                 )),
+                ..standard
+            },
+            // "Higher version" becomes "higher version, or this version by this same event".
+            Mutant::ReappliesPruned => Statements {
+                upsert_view: leak(
+                    standard
+                        .upsert_view
+                        .replace(
+                            "IF(VALUES(task_version) > task_version,",
+                            "IF(VALUES(task_version) > task_version OR (VALUES(task_version) = task_version AND VALUES(last_event_id) = last_event_id),",
+                        ),
+                ),
                 ..standard
             },
             Mutant::LocalTime => Statements {

@@ -414,8 +414,10 @@ pub const RETENTION_HELP: &str = "usage: receiver retention
 
 Prints, per consumer name and queue, how many inbox rows there are, the oldest and newest
 receipt (UTC), their approximate size and the number of task views. It deletes nothing, and the
-runtime account cannot: deleting dedup records inside the platform's redelivery window (leases,
-budgets, manual retries, backup restores) lets a redelivery apply its effect a second time.
+runtime account cannot: `receiver prune`, as an account of its own, keeps the inbox to a window,
+which must cover the platform's redelivery horizon (leases, budgets, manual retries, backup
+restores): past it, a redelivery is still never applied twice, but an event reusing a pruned id
+with other content is no longer seen as a conflict.
 
 environment:
   ORBIT_RECEIVER_DSN  the receiver database";

@@ -286,7 +286,7 @@ fn retention() -> ExitCode {
                     r.consumer, r.queue, r.inbox_rows, r.oldest, r.newest, r.approx_bytes, r.views
                 );
             }
-            println!("nothing deleted: retention must cover the platform's redelivery window (see receiver retention --help)");
+            println!("nothing deleted: receiver prune keeps the inbox to a window that covers the platform's redelivery horizon (receiver prune --help)");
             ExitCode::SUCCESS
         }
         Err(e) => {

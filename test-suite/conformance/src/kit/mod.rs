@@ -118,6 +118,7 @@ pub fn cases() -> Vec<Case> {
         case!("cut-between-statements", Must, "R-STORE-7", "the receiver's connection cut at its first statement on the view, then at its first COMMIT: after each redelivery the inbox row and the view agree", cut_between_statements),
         case!("duplicate", Must, "R-STORE-4", "the same event delivered again: ACKed, still one inbox row, the view advanced once", duplicate),
         case!("stale-version", Must, "R-STORE-6", "an older version arriving late: ACKed and kept as history, the view stays at the newer one", stale_version),
+        case!("pruned-redelivery", Should, "R-STORE-12", "an applied event's inbox row deleted as a prune would, then the event delivered again: ACKed, the view and applied_events unmoved", pruned_redelivery),
         case!("concurrent-versions", Must, "R-STORE-6", "16 tasks whose views exist, each meeting three newer versions at once: every view at the highest", concurrent_versions),
         case!("same-id-other-content", Must, "R-STORE-2 R-STORE-4", "an event with an applied event's id and other content: never ACKed, the stored record unchanged", same_id_other_content),
         case!("same-version-other-id", Must, "R-STORE-6", "another event id for a version already applied: never ACKed, rolled back (no inbox row)", same_version_other_id),
@@ -164,6 +165,7 @@ pub const MUTANTS: &[(&str, &str, &str)] = &[
     ("lost-update", "concurrent-versions", "R-STORE-6"),
     ("ack-early-sometimes", "every-ack-after-commit", "R-STORE-7"),
     ("split-commit", "cut-between-statements", "R-STORE-7"),
+    ("reapplies-pruned", "pruned-redelivery", "R-STORE-12"),
 ];
 
 impl std::fmt::Debug for Case {

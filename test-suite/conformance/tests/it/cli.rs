@@ -152,6 +152,7 @@ fn help_texts() {
         &["digest", "--help"],
         &["inspect", "--help"],
         &["retention", "--help"],
+        &["prune", "--help"],
     ] {
         let out = receiver(args, &[]);
         assert!(out.status.success());

@@ -106,6 +106,52 @@ pub(crate) async fn duplicate(ctx: Ctx) -> Verdict {
     Ok("the redelivery ACKed; one inbox row, applied_events 1".into())
 }
 
+/// The inbox row of an applied event deleted, as a prune past the window would, and the event
+/// delivered again: ACKed, and the view and its `applied_events` unmoved. A receiver that never
+/// prunes passes it by R-STORE-6 alone (the same version and event id is not newer).
+pub(crate) async fn pruned_redelivery(ctx: Ctx) -> Verdict {
+    let (w, _p, task, key) = World::first_event(&ctx, SHORT_LEASE).await?;
+    let before = w.view(&task).await.ok_or("R-STORE-5: no view")?;
+    let mut admin = w.admin().await;
+    let pruned = sqlx::query("DELETE FROM receiver_inbox WHERE event_id = ?")
+        .bind(&key)
+        .execute(&mut admin)
+        .await
+        .expect("the kit deletes the inbox row")
+        .rows_affected();
+    ensure!(
+        pruned == 1,
+        "R-STORE-2: {pruned} inbox rows held the applied event {key}; one was expected"
+    );
+    let reply = w.fault(serde_json::json!({"fault": "duplicate-event", "event_id": key}));
+    let again: Vec<DeliveryId> = reply["deliveries"]
+        .as_array()
+        .expect("deliveries")
+        .iter()
+        .filter_map(|d| d.as_str().map(DeliveryId::from))
+        .collect();
+    w.acked(
+        &again,
+        Duration::from_secs(30),
+        "R-STORE-12 (a redelivery after its inbox row was pruned is ACKed as history)",
+    )
+    .await?;
+    let view = w.view(&task).await.ok_or("R-STORE-5: no view")?;
+    ensure!(
+        view == before,
+        "R-STORE-12: a redelivery whose inbox row was pruned moved the view: it was {before:?}, now {view:?}; the same version and event id is never applied twice"
+    );
+    let rows = w.inbox(&key).await;
+    ensure!(
+        rows.iter().all(|(_, applied, _)| !applied),
+        "R-STORE-12: the redelivery was recorded again as applied; it advanced nothing"
+    );
+    Ok(format!(
+        "after its inbox row was deleted, the redelivery ACKed; the view stayed at v{}, applied_events {}",
+        view.version, view.applied_events
+    ))
+}
+
 pub(crate) async fn stale_version(ctx: Ctx) -> Verdict {
     let (w, _p, task, key) = World::first_event(&ctx, SHORT_LEASE).await?;
     let before = w.view(&task).await.ok_or("R-STORE-5: no view")?;
