@@ -15,6 +15,7 @@ use conformance::process::Consumer;
 use conformance::{cancelled_task, eventually, OwnServerReceiver};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
+use sqlx::Connection;
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -52,7 +53,7 @@ fn the_alert_rules_pass_promtool_and_their_unit_tests() {
     let checked = run(Command::new(&promtool)
         .args(["check", "rules", "receiver-alerts.yml"])
         .current_dir(&dir));
-    assert!(checked.contains("SUCCESS: 8 rules found"), "{checked}");
+    assert!(checked.contains("SUCCESS: 9 rules found"), "{checked}");
     let tested = run(Command::new(&promtool)
         .args(["test", "rules", "receiver-alerts.test.yml"])
         .current_dir(&dir));
@@ -60,22 +61,41 @@ fn the_alert_rules_pass_promtool_and_their_unit_tests() {
 }
 
 #[test]
-fn the_systemd_unit_passes_systemd_analyze_verify() {
-    let unit = repo().join("deploy/systemd/receiver-consume.service");
-    // verify resolves ExecStart: point it at a receiver that exists, in a copy of the unit.
+fn the_systemd_units_pass_systemd_analyze_verify() {
+    // verify resolves ExecStart: point it at a receiver that exists, in copies of the units
+    // (the timer beside the service it starts).
     let dir = testdb::scratch_dir().unwrap().join("systemd-verify");
     std::fs::create_dir_all(&dir).unwrap();
-    let text = std::fs::read_to_string(&unit).unwrap();
     let receiver = conformance::receiver_bin();
-    let copy = dir.join("receiver-consume.service");
-    std::fs::write(
-        &copy,
-        text.replace("/usr/local/bin/receiver", &receiver.display().to_string()),
-    )
-    .unwrap();
+    let mut copies = Vec::new();
+    for name in [
+        "receiver-consume.service",
+        "receiver-prune.service",
+        "receiver-prune.timer",
+    ] {
+        let text = std::fs::read_to_string(repo().join("deploy/systemd").join(name)).unwrap();
+        let copy = dir.join(name);
+        std::fs::write(
+            &copy,
+            text.replace("/usr/local/bin/receiver", &receiver.display().to_string()),
+        )
+        .unwrap();
+        if name.ends_with(".service") {
+            for hardening in [
+                "DynamicUser=yes",
+                "NoNewPrivileges=yes",
+                "ProtectSystem=strict",
+                "LoadCredential=",
+                "TimeoutStopSec=15",
+            ] {
+                assert!(text.contains(hardening), "{name} lacks {hardening}");
+            }
+        }
+        copies.push(copy);
+    }
     let out = Command::new("systemd-analyze")
         .args(["verify", "--man=no"])
-        .arg(&copy)
+        .args(&copies)
         .stdin(Stdio::null())
         .output()
         .expect("systemd-analyze runs");
@@ -87,16 +107,20 @@ fn the_systemd_unit_passes_systemd_analyze_verify() {
         .filter(|l| !l.contains("bus") && !l.contains("Bus") && !l.trim().is_empty())
         .collect();
     assert!(problems.is_empty(), "systemd-analyze verify: {err}");
-    for hardening in [
-        "DynamicUser=yes",
-        "NoNewPrivileges=yes",
-        "ProtectSystem=strict",
-        "LoadCredential=",
-        "Restart=on-failure",
-        "TimeoutStopSec=15",
+    let consume = std::fs::read_to_string(&copies[0]).unwrap();
+    assert!(consume.contains("Restart=on-failure"));
+    // The nightly prune: a one-shot under a time limit, as the prune account, on a timer that
+    // catches up a missed night.
+    let prune = std::fs::read_to_string(&copies[1]).unwrap();
+    for line in [
+        "Type=oneshot",
+        "LoadCredential=prune-dsn:",
+        "prune --older-than 30d --max-seconds 3300",
     ] {
-        assert!(text.contains(hardening), "the unit lacks {hardening}");
+        assert!(prune.contains(line), "the prune service lacks {line}");
     }
+    let timer = std::fs::read_to_string(&copies[2]).unwrap();
+    assert!(timer.contains("Persistent=true") && timer.contains("Unit=receiver-prune.service"));
 }
 
 fn encode(q: &str) -> String {
@@ -337,8 +361,46 @@ async fn the_receiver_image_runs_the_demo_end_to_end() {
         !stdout.contains(credentials.token.expose())
             && !stderr.contains(credentials.token.expose())
     );
+    // The nightly prune from the same image, as the prune account: the demo's rows, aged
+    // past the window, go; the view stays.
+    let mut admin = sqlx::MySqlConnection::connect(orbit.db.admin_receiver_url().expose())
+        .await
+        .unwrap();
+    let aged = sqlx::query("UPDATE receiver_inbox SET received_at = received_at - INTERVAL 40 DAY")
+        .execute(&mut admin)
+        .await
+        .unwrap()
+        .rows_affected();
+    assert!(aged > 0);
+    let pruned = Command::new("docker")
+        .args(["-H", &engine, "run", "--rm", "--network", "host"])
+        .args([
+            "-e",
+            &format!("ORBIT_RECEIVER_DSN={}", orbit.db.prune_url().expose()),
+        ])
+        .args(["-e", &format!("ORBIT_QUEUE_ID={}", credentials.queue_id)])
+        .args([&image, "prune", "--older-than", "30d"])
+        .stdin(Stdio::null())
+        .output()
+        .expect("docker runs");
+    let summary = String::from_utf8_lossy(&pruned.stdout);
+    assert!(
+        pruned.status.success(),
+        "{summary}{}",
+        String::from_utf8_lossy(&pruned.stderr)
+    );
+    assert!(
+        summary.contains(&format!("pruned rows={aged} ")),
+        "{summary}"
+    );
+    let views: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM receiver_task_views")
+        .fetch_one(&mut admin)
+        .await
+        .unwrap();
+    assert_eq!(views, 1);
     eprintln!(
-        "deploy: the receiver image ran the demo: {}",
-        stdout.trim().replace('\n', "; ")
+        "deploy: the receiver image ran the demo: {}; then prune: {}",
+        stdout.trim().replace('\n', "; "),
+        summary.trim()
     );
 }

@@ -587,3 +587,67 @@ async fn sigterm_stops_a_prune_between_batches_with_a_summary() {
         5_000 - rows as i64
     );
 }
+
+/// `receiver_inbox_oldest_age_seconds` from a real `consume`: the age of its consumer's oldest
+/// row, read through the index at start; -1 (and one line) on an inbox without the index.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consume_reports_the_oldest_inbox_row_s_age_and_minus_one_without_the_index() {
+    let (orbit, client, sub, mut env) =
+        conformance::subscribed_receiver(&[], &["task.cancelled"]).await;
+    env.push(("RECEIVER_METRICS_LISTEN", "127.0.0.1:0".into()));
+    conformance::cancelled_task(&client).await;
+    let first = Consumer::normal(&env);
+    conformance::all_acked(&client, &sub.id, Some(1), Duration::from_secs(20)).await;
+    first.stop().await;
+    let event = client
+        .list_deliveries(&sub.id, &orbit_sdk::DeliveryFilter::default())
+        .await
+        .unwrap()[0]
+        .event_id
+        .clone();
+    conformance::age_inbox_rows(&orbit.db, &[&event], 40).await;
+
+    let age = |addr: String| async move {
+        conformance::eventually(Duration::from_secs(10), "the gauge is read", || {
+            let addr = addr.clone();
+            async move { gauge(&addr).is_some_and(|v| v != -1.0) }
+        })
+        .await;
+        gauge(&addr).unwrap()
+    };
+    let second = Consumer::normal(&env);
+    let seconds = age(second.metrics_addr().await).await;
+    let forty_days = 40.0 * 86_400.0;
+    assert!(
+        (forty_days..forty_days + 120.0).contains(&seconds),
+        "{seconds}"
+    );
+    second.stop().await;
+
+    let mut admin = sqlx::MySqlConnection::connect(orbit.db.admin_receiver_url().expose())
+        .await
+        .unwrap();
+    use sqlx::Connection;
+    admin
+        .execute("ALTER TABLE receiver_inbox DROP INDEX receiver_inbox_received_at")
+        .await
+        .unwrap();
+    let third = Consumer::normal(&env);
+    let addr = third.metrics_addr().await;
+    conformance::eventually(Duration::from_secs(10), "the line on the missing index", || {
+        let said = third.output().contains("the inbox lacks the received_at index");
+        async move { said }
+    })
+    .await;
+    assert_eq!(gauge(&addr), Some(-1.0));
+    third.stop().await;
+}
+
+/// The value of `receiver_inbox_oldest_age_seconds` on `addr`'s `/metrics`.
+fn gauge(addr: &str) -> Option<f64> {
+    let (status, text) = conformance::http_raw(addr, "GET", "/metrics", None, None);
+    assert_eq!(status, 200, "{text}");
+    text.lines()
+        .find_map(|l| l.strip_prefix("receiver_inbox_oldest_age_seconds "))
+        .and_then(|v| v.trim().parse().ok())
+}
