@@ -2,7 +2,7 @@
 CARGO ?= cargo
 
 .DEFAULT_GOAL := help
-.PHONY: help deps check build fault-build mutant-build kit containers-inside release test unit integration integration-containers demo bench bench-proxy bench-instructions soak nemesis failover
+.PHONY: help deps check build fault-build mutant-build kit containers-inside release test unit integration integration-containers demo bench bench-proxy bench-prune bench-instructions soak nemesis failover
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -94,6 +94,10 @@ bench: deps ## All benchmarks, quick mode (about five minutes): canonicalise, ap
 soak: deps ## On demand, not in make test: 100,000 deliveries through receiver consume; RSS and FD slopes of both processes, the ledger (about 10 minutes)
 	$(CARGO) build --release -p orbit-dev -p receiver --bins
 	$(CARGO) bench -p conformance --bench soak
+
+bench-prune: deps ## receiver prune beside a full-speed receiver consume: a million old inbox rows, drains with and without it (about 5 minutes)
+	$(CARGO) build --release -p orbit-dev -p receiver --bins
+	$(CARGO) bench -p conformance --bench prune
 
 bench-instructions: ## Instructions per byte of the canonical form under valgrind's callgrind (repeatable; about a minute)
 	@scripts/bench-instructions

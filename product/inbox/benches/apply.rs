@@ -527,6 +527,49 @@ fn main() {
                 events[0].canonical().len()
             );
         }
+        // The received_at index (receiver prune's, and the oldest row's age): first receipts
+        // into an inbox with it and into one without it (a second database on this server, the
+        // index dropped), in alternating rounds at concurrency 4.
+        let bare = server.provision().await.unwrap();
+        result_inbox::schema::init(&Dsn::parse(bare.init_url().expose()).unwrap()).await.unwrap();
+        bare.grant_runtime().await.unwrap();
+        let mut bare_admin = sqlx::MySqlConnection::connect(bare.admin_receiver_url().expose()).await.unwrap();
+        bare_admin
+            .execute("ALTER TABLE receiver_inbox DROP INDEX receiver_inbox_received_at")
+            .await
+            .unwrap();
+        let unindexed = Arc::new(
+            Store::connect(
+                &Dsn::parse(bare.runtime_url().expose()).unwrap(),
+                ConsumerName::default(),
+                QueueId::new("inbox-demo").unwrap(),
+                StoreOptions { max_connections: 20, ..StoreOptions::default() },
+            )
+            .await
+            .unwrap(),
+        );
+        let (mut with, mut without) = (Vec::new(), Vec::new());
+        for round in 0..3 {
+            for (indexed, target) in [(true, &store), (false, &unindexed)] {
+                let events: Arc<Vec<TaskEvent>> = Arc::new(
+                    (0..ops).map(|i| event(&format!("ix-{round}-{i}"), &format!("ix-{round}-{i}"), 5)).collect(),
+                );
+                let s = applied_all(&admin, target, &events, 4, Outcome::Applied).await;
+                if indexed { with.push(s.per_second) } else { without.push(s.per_second) }
+            }
+        }
+        let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
+        println!(
+            "  the received_at index, first receipts at c4, 3 alternating rounds of {ops}: with it {:.0}/s, without it {:.0}/s; with ÷ without {:.3} (rounds with: {:?}; without: {:?})",
+            mean(&with),
+            mean(&without),
+            mean(&with) / mean(&without),
+            with.iter().map(|v| v.round() as i64).collect::<Vec<_>>(),
+            without.iter().map(|v| v.round() as i64).collect::<Vec<_>>(),
+        );
+        unindexed.close().await;
+        drop(bare_admin);
+        drop(bare);
         store.close().await;
         admin.close().await;
         drop(db);

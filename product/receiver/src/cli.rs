@@ -47,6 +47,8 @@ pub struct PruneArgs {
     pub older_than: Window,
     pub batch_rows: u32,
     pub pause: std::time::Duration,
+    /// At most this many rows a second, on average over the run.
+    pub max_rate: u32,
     /// Stop cleanly after this long (between batches).
     pub max_seconds: Option<u64>,
     pub dry_run: bool,
@@ -65,6 +67,11 @@ pub const WINDOW_FLOOR_SECONDS: u64 = 24 * 3600;
 pub const DEFAULT_BATCH_ROWS: u32 = 1_000;
 /// The pause between two batches unless `--pause` says otherwise.
 pub const DEFAULT_PAUSE: std::time::Duration = std::time::Duration::from_millis(20);
+/// Rows a second at most unless `--max-rate` says otherwise: what this machine's bench shows
+/// a full-speed `consume` keeps 0.9 of its rate beside (docs/capacity.md).
+pub const DEFAULT_MAX_RATE: u32 = 5_000;
+/// The largest `--max-rate`.
+const MAX_MAX_RATE: u32 = 1_000_000;
 /// The longest pause `--pause` takes.
 const MAX_PAUSE: std::time::Duration = std::time::Duration::from_secs(60);
 
@@ -129,6 +136,8 @@ struct PruneFlags {
     pause: Option<String>,
     #[arg(long, allow_hyphen_values = true)]
     max_seconds: Option<String>,
+    #[arg(long, allow_hyphen_values = true)]
+    max_rate: Option<String>,
     #[arg(long)]
     dry_run: bool,
     #[arg(long)]
@@ -241,6 +250,17 @@ fn prune(p: PruneFlags) -> Result<Command, Usage> {
             pause
         }
     };
+    let max_rate = match p.max_rate {
+        None => DEFAULT_MAX_RATE,
+        Some(r) => match r.parse::<u32>() {
+            Ok(n @ 1..=MAX_MAX_RATE) => n,
+            _ => {
+                return Err(bad(format!(
+                "--max-rate {r}: must be a whole number of rows a second, from 1 to {MAX_MAX_RATE}"
+            )))
+            }
+        },
+    };
     let max_seconds = match p.max_seconds {
         None => None,
         Some(m) => match m.parse::<u64>() {
@@ -256,6 +276,7 @@ fn prune(p: PruneFlags) -> Result<Command, Usage> {
         older_than: Window { text, seconds },
         batch_rows,
         pause,
+        max_rate,
         max_seconds,
         dry_run: p.dry_run,
     }))
@@ -366,6 +387,7 @@ fn usage_line(command: &str, e: &clap::Error) -> Usage {
                 "--batch-rows" => "a number of rows",
                 "--pause" => "a duration, e.g. 20ms",
                 "--max-seconds" => "a number of seconds",
+                "--max-rate" => "a number of rows a second",
                 _ => "an id",
             };
             usage(command, &format!("{flag} needs {needs}"))
@@ -422,11 +444,12 @@ with other content is no longer seen as a conflict.
 environment:
   ORBIT_RECEIVER_DSN  the receiver database";
 
-pub const PRUNE_HELP: &str = "usage: receiver prune --older-than WINDOW [--dry-run] [--batch-rows N] [--pause D] [--max-seconds N] [--allow-short-window]
+pub const PRUNE_HELP: &str = "usage: receiver prune --older-than WINDOW [--dry-run] [--batch-rows N] [--pause D] [--max-rate N] [--max-seconds N] [--allow-short-window]
 
 Deletes the inbox rows of RECEIVER_NAME and the queue received more than WINDOW ago (30d; units
 s, m, h, d), oldest first, in batches of --batch-rows (1000; at most 10000), each its own short
-transaction, with --pause between them (20ms; ms or s). Task views are never touched. A
+transaction, at least --pause apart (20ms; ms or s) and at most --max-rate rows a second (5000),
+so that applies beside it keep their pace. Task views are never touched. A
 redelivery of a pruned event is still never applied twice (it is recorded again as stale), but
 an event reusing a pruned id with other content is no longer seen as a conflict: the window must
 cover every redelivery, manual retry and restore (docs/capacity.md). Refuses a window under 24h
@@ -610,6 +633,7 @@ mod tests {
                 },
                 batch_rows: DEFAULT_BATCH_ROWS,
                 pause: DEFAULT_PAUSE,
+                max_rate: DEFAULT_MAX_RATE,
                 max_seconds: None,
                 dry_run: false,
             })))
@@ -625,6 +649,8 @@ mod tests {
             "0",
             "--max-seconds",
             "60",
+            "--max-rate",
+            "20000",
             "--dry-run",
         ]) else {
             panic!("refused")
@@ -639,6 +665,7 @@ mod tests {
             ),
             (5400, 10_000, std::time::Duration::ZERO, Some(60), true)
         );
+        assert_eq!(p.max_rate, 20_000);
         for (window, seconds) in [
             ("86400s", 86_400),
             ("1440m", 86_400),
@@ -678,6 +705,7 @@ mod tests {
             (&["prune", "--older-than", "30d", "--pause", "5m"], "--pause 5m: unknown unit `m` (use ms, s)"),
             (&["prune", "--older-than", "30d", "--pause", "61s"], "--pause 61s: at most 60s"),
             (&["prune", "--older-than", "30d", "--max-seconds", "0"], "--max-seconds 0: must be a whole number of seconds, more than 0"),
+            (&["prune", "--older-than", "30d", "--max-rate", "0"], "--max-rate 0: must be a whole number of rows a second, from 1 to 1000000"),
             (&["prune", "--older-than", "30d", "--fast"], "unknown flag `--fast`"),
             (&["prune", "--older-than", "30d", "now"], "unexpected argument `now`"),
             (&["prune", "--older-than"], "--older-than needs a window, e.g. 30d"),

@@ -280,9 +280,14 @@ pub async fn run(
             }
             Err(e) => break Ending::Failed(e),
         }
-        if !args.pause.is_zero() {
+        // At least the pause, and long enough to keep the run's average under the rate.
+        let due = started + Duration::from_secs_f64(summary.rows as f64 / f64::from(args.max_rate));
+        let wait = args
+            .pause
+            .max(due.saturating_duration_since(Instant::now()));
+        if !wait.is_zero() {
             tokio::select! {
-                () = tokio::time::sleep(args.pause) => {}
+                () = tokio::time::sleep(wait) => {}
                 () = wake.notified() => {}
             }
         }

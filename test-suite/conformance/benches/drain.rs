@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use conformance::process::Consumer;
 use conformance::{subscribed_receiver, QUEUE};
 use result_inbox::{ConsumerName, QueueId, Store, StoreOptions, TaskEvent};
-use sqlx::{Connection, MySqlConnection};
+use sqlx::MySqlConnection;
 
 fn main() {
     #[allow(clippy::disallowed_methods)] // a bench knob, not receiver configuration
@@ -116,12 +116,7 @@ async fn drain(tasks: usize, concurrency: usize) -> Run {
     while !consumer.output().contains("consuming") {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    let mut admin = MySqlConnection::connect(orbit.db.admin_receiver_url().expose())
-        .await
-        .unwrap();
-    let mut platform = MySqlConnection::connect(orbit.db.platform_url().expose())
-        .await
-        .unwrap();
+    let (mut admin, mut platform) = orbit.connections().await;
     let drain_from = Counters::read(&mut admin).await;
     let pids = [consumer.pid(), orbit.pid()];
     let cpu_from = Cpu::read(pids);
@@ -153,15 +148,7 @@ async fn drain(tasks: usize, concurrency: usize) -> Run {
         .filter(|l| l.contains("not acked") && l.contains("mysql 1213"))
         .count();
     let not_acked = output.lines().filter(|l| l.contains("not acked")).count();
-    // How long the applies themselves took, from consume's own lines: the rest of a
-    // delivery's time is the platform's (lease, send, ACK).
-    let mut apply_ms: Vec<u64> = output
-        .lines()
-        .filter(|l| l.contains("classification="))
-        .filter_map(|l| l.split(" duration_ms=").nth(1))
-        .filter_map(|r| r.split(' ').next()?.parse().ok())
-        .collect();
-    apply_ms.sort_unstable();
+    let apply_ms = conformance::load::apply_durations_ms(&output);
     let apply_p50 = apply_ms.get(apply_ms.len() / 2).copied().unwrap_or(0);
     let retried: u64 = output
         .lines()

@@ -113,3 +113,16 @@ pub async fn wait_drained(
         tokio::time::sleep(every).await;
     }
 }
+
+/// How long each apply took, from `receiver consume`'s own lines (`duration_ms=`), sorted:
+/// the rest of a delivery's time is the platform's (lease, send, ACK).
+pub fn apply_durations_ms(consume_output: &str) -> Vec<u64> {
+    let mut ms: Vec<u64> = consume_output
+        .lines()
+        .filter(|l| l.contains("classification="))
+        .filter_map(|l| l.split(" duration_ms=").nth(1))
+        .filter_map(|r| r.split(' ').next()?.parse().ok())
+        .collect();
+    ms.sort_unstable();
+    ms
+}

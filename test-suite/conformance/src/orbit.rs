@@ -374,6 +374,18 @@ impl OrbitDev {
         })
     }
 
+    /// An admin connection on the receiver database and the platform account's on the
+    /// platform database, for a bench or a test that watches both.
+    pub async fn connections(&self) -> (MySqlConnection, MySqlConnection) {
+        let admin = MySqlConnection::connect(self.db.admin_receiver_url().expose())
+            .await
+            .expect("admin connects");
+        let platform = MySqlConnection::connect(self.db.platform_url().expose())
+            .await
+            .expect("the platform account connects");
+        (admin, platform)
+    }
+
     /// How many inbox rows hold `event_id`.
     pub async fn inbox_rows(&self, event_id: &str) -> i64 {
         let mut admin = MySqlConnection::connect(self.db.admin_receiver_url().expose())

@@ -634,10 +634,16 @@ async fn consume_reports_the_oldest_inbox_row_s_age_and_minus_one_without_the_in
         .unwrap();
     let third = Consumer::normal(&env);
     let addr = third.metrics_addr().await;
-    conformance::eventually(Duration::from_secs(10), "the line on the missing index", || {
-        let said = third.output().contains("the inbox lacks the received_at index");
-        async move { said }
-    })
+    conformance::eventually(
+        Duration::from_secs(10),
+        "the line on the missing index",
+        || {
+            let said = third
+                .output()
+                .contains("the inbox lacks the received_at index");
+            async move { said }
+        },
+    )
     .await;
     assert_eq!(gauge(&addr), Some(-1.0));
     third.stop().await;
