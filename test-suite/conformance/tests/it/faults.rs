@@ -804,7 +804,9 @@ async fn crash_loop_of_twenty_kills_loses_nothing_and_applies_nothing_twice() {
     // The other 19: 3 more at before_insert, 4 at each other barrier (on the first or second
     // pass), 4 at random times; in a seeded order.
     let mut plan = Vec::new();
-    for point in BARRIERS {
+    // Not `before_verdict`: only a duplicate reaches it, and a round cannot count on making one
+    // (the prune suite holds a process there).
+    for point in BARRIERS.iter().filter(|p| **p != "before_verdict") {
         for _ in 0..if *point == "before_insert" { 3 } else { 4 } {
             plan.push(Kill::At(point, 1 + rng.below(2)));
         }
