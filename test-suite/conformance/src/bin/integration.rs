@@ -99,6 +99,10 @@ const PARTLY_LOCAL: &[(&str, &str)] = &[
         "outage",
         "each test stops (SIGSTOP), kills or restarts the receiver's server",
     ),
+    (
+        "prune",
+        "its database-loss test kills a prune's server mid-run and restarts it",
+    ),
 ];
 
 struct Options {

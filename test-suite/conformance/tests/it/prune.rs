@@ -30,9 +30,19 @@ fn prune(
     url: &secret::Secret,
     args: &[&str],
 ) -> (Output, HashMap<String, String>) {
+    prune_with(&rdb.prune_env(url), args)
+}
+
+/// The prune account's environment on `db`.
+fn db_env(db: &testdb::Provisioned) -> Vec<(&'static str, String)> {
+    conformance::prune_env(&db.prune_url())
+}
+
+/// `receiver prune ARGS` with `env`; its exit, output and summary fields.
+fn prune_with(env: &[(&'static str, String)], args: &[&str]) -> (Output, HashMap<String, String>) {
     let mut all = vec!["prune"];
     all.extend_from_slice(args);
-    let out = run_receiver(&all, &rdb.prune_env(url), None);
+    let out = run_receiver(&all, env, None);
     let summary = fields(text(&out.stdout).lines().last().unwrap_or_default());
     (out, summary)
 }
@@ -656,4 +666,76 @@ fn gauge(addr: &str) -> Option<f64> {
     text.lines()
         .find_map(|l| l.strip_prefix("receiver_inbox_oldest_age_seconds "))
         .and_then(|v| v.trim().parse().ok())
+}
+
+/// The database lost in the middle of a run (its own server, SIGKILLed): prune stops with exit
+/// 1, one summary line of what it did and one line of why; what it deleted stays deleted, and
+/// the next run continues.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_lost_mid_run_stops_prune_with_exit_1_and_keeps_what_it_deleted() {
+    let server = testdb::Server::local().expect("a local server");
+    let db = server.provision().await.expect("provisioned");
+    conformance::initialise(&db).await;
+    let mut admin = sqlx::MySqlConnection::connect(db.admin_receiver_url().expose())
+        .await
+        .unwrap();
+    use sqlx::Connection;
+    conformance::insert_old_inbox_rows(
+        &mut admin,
+        ("task-result-view", QUEUE),
+        "old",
+        5_000,
+        100,
+        40,
+    )
+    .await;
+    drop(admin);
+    let mut cmd = conformance::bare_command(&conformance::receiver_bin());
+    cmd.args([
+        "prune",
+        "--older-than",
+        "30d",
+        "--batch-rows",
+        "10",
+        "--pause",
+        "100ms",
+    ])
+    .envs(conformance::prune_env(&db.prune_url()))
+    .stdout(std::process::Stdio::piped())
+    .stderr(std::process::Stdio::piped());
+    let child = conformance::spawn(cmd);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(server.kill(), "the server was running");
+    let out = tokio::task::spawn_blocking(move || child.wait_with_output().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    let summary = fields(text(&out.stdout).trim());
+    assert!(summary["result"].starts_with("failed"), "{summary:?}");
+    let rows = number(&summary, "rows");
+    assert!(rows > 0, "{summary:?}");
+    let err = text(&out.stderr);
+    let last = err.lines().last().unwrap_or_default();
+    assert!(
+        last.starts_with("receiver prune: ") && last.contains(&format!("after {rows} rows")),
+        "{err}"
+    );
+    assert!(!err.contains(db.prune.password.expose()));
+
+    server.restart().expect("the server comes back");
+    let mut admin = sqlx::MySqlConnection::connect(db.admin_receiver_url().expose())
+        .await
+        .unwrap();
+    let left: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM receiver_inbox")
+        .fetch_one(&mut admin)
+        .await
+        .unwrap();
+    assert_eq!(
+        left,
+        5_000 - rows as i64,
+        "what it reported deleted stays deleted"
+    );
+    let (out, again) = prune_with(&db_env(&db), &["--older-than", "30d", "--pause", "0"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(number(&again, "rows") as i64, left);
 }
