@@ -4,7 +4,8 @@
 //! Options: `--only CASE[,CASE…]`, `--seed N` (the crash loop's schedule; by default one from
 //! the clock, printed), `--junit FILE` (a JUnit XML report), `--json FILE` (a JSON report),
 //! `--expect FILE` (cases known to fail, each with a reason), `--strict` (SHOULD cases count
-//! too), `--list` (the cases). Report paths are checked, and their directories made, before
+//! too), `--keep-logs DIR` (where a failed case's receiver output is kept), `--list` (the
+//! cases); `--help` after any command. Report paths are checked, and their directories made, before
 //! the first case. Exit 0 when no case fails the run (a MUST that failed, a SHOULD under
 //! `--strict`, or any change from the expectations), 1 otherwise, 2 for a bad command line or
 //! an unwritable report.
@@ -16,7 +17,36 @@ use std::time::{Duration, Instant};
 use conformance::kit::report::{self, CaseResult, Expected};
 use conformance::kit::{cases, Ctx};
 
-const USAGE: &str = "usage: conformance run --receiver 'COMMAND LINE' [--only CASE[,CASE…]] [--seed N] [--junit FILE] [--json FILE] [--expect FILE] [--strict]\n       conformance mutants --receiver-mutant PATH\n       conformance list";
+const USAGE: &str = "usage: conformance run --receiver 'COMMAND LINE' [--only CASE[,CASE…]] [--seed N] [--junit FILE] [--json FILE] [--expect FILE] [--strict] [--keep-logs DIR]\n       conformance mutants --receiver-mutant PATH\n       conformance list\n       conformance <command> --help";
+
+const RUN_HELP: &str = "usage: conformance run --receiver 'COMMAND LINE' [--only CASE[,CASE…]] [--seed N] [--junit FILE] [--json FILE] [--expect FILE] [--strict] [--keep-logs DIR]
+
+Runs the kit's cases against the receiver the command line starts (`COMMAND LINE init`, then
+`COMMAND LINE consume`, with only the documented environment), one case at a time, each in a
+world of its own (databases, orbit-dev, a subscription). Exit 0 when no case fails the run, 1
+otherwise, 2 for a bad command line or an unwritable report.
+
+  --receiver CMD     the receiver's command line, run with sh -c (required)
+  --only CASES       some cases, by name (conformance list names them)
+  --seed N           replays a run's drawn values and schedules (each run prints its seed)
+  --junit FILE       a JUnit XML report; --json FILE a JSON report
+  --expect FILE      cases known to fail, one `case: reason` a line; a change fails the run
+  --strict           SHOULD cases fail the run too
+  --keep-logs DIR    where the receiver's output of each failed case is kept (one directory a
+                     case; default target/kit/logs); a passed case's is removed";
+
+const MUTANTS_HELP: &str = "usage: conformance mutants --receiver-mutant PATH
+
+Runs each mutant of our receiver (PATH, built by `make mutant-build`; RECEIVER_MUTANT picks the
+rule it breaks) against the case aimed at it, which must fail naming that rule. Exit 0 when
+every mutant is caught, 1 otherwise, 2 for a bad command line.";
+
+const LIST_HELP: &str = "usage: conformance list
+
+Prints every case: its name, level (MUST or SHOULD), the rules it proves and what it does.";
+
+/// Where the receiver's output of a failed case is kept unless `--keep-logs` says otherwise.
+const DEFAULT_KEEP_LOGS: &str = "target/kit/logs";
 
 /// How long one case may take before the kit gives up on it.
 const CASE_LIMIT: Duration = Duration::from_secs(240);
@@ -29,6 +59,7 @@ struct Options {
     json: Option<std::path::PathBuf>,
     expect: Vec<Expected>,
     strict: bool,
+    keep_logs: std::path::PathBuf,
 }
 
 /// What the command line asks for.
@@ -40,6 +71,18 @@ enum Asked {
 
 fn parse(args: &[String]) -> Result<Asked, String> {
     let names: Vec<&str> = cases().iter().map(|c| c.name).collect();
+    let help = |text: &str| {
+        println!("{text}");
+        Ok(Asked::Nothing)
+    };
+    if args.len() == 2 && matches!(args[1].as_str(), "--help" | "-h") {
+        match args[0].as_str() {
+            "run" => return help(RUN_HELP),
+            "mutants" => return help(MUTANTS_HELP),
+            "list" | "--list" => return help(LIST_HELP),
+            _ => {}
+        }
+    }
     match args.first().map(String::as_str) {
         Some("list") | Some("--list") => {
             for c in cases() {
@@ -74,6 +117,7 @@ fn parse(args: &[String]) -> Result<Asked, String> {
     let mut expect = Vec::new();
     let mut strict = false;
     let mut seed = None;
+    let mut keep_logs = std::path::PathBuf::from(DEFAULT_KEEP_LOGS);
     let mut it = args[1..].iter();
     while let Some(a) = it.next() {
         let mut value = |what: &str| {
@@ -114,6 +158,7 @@ fn parse(args: &[String]) -> Result<Asked, String> {
                     .map_err(|e| format!("--expect {file}: {e}"))?;
             }
             "--strict" => strict = true,
+            "--keep-logs" => keep_logs = value("a directory")?.into(),
             other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
         }
     }
@@ -131,6 +176,7 @@ fn parse(args: &[String]) -> Result<Asked, String> {
         json,
         expect,
         strict,
+        keep_logs,
     }))
 }
 
@@ -319,11 +365,22 @@ fn main() -> ExitCode {
             case.what
         );
         let t = Instant::now();
+        let logs = o.keep_logs.join(case.name);
+        let _ = std::fs::remove_dir_all(&logs);
         let ctx = Ctx {
             receiver: o.receiver.clone(),
             seed: o.seed,
+            logs: Some(logs.clone()),
         };
-        let verdict = run_case(&runtime, case, ctx);
+        let verdict = match run_case(&runtime, case, ctx) {
+            Err(why) if logs.is_dir() => {
+                Err(format!("{why} (the receiver's output: {})", logs.display()))
+            }
+            verdict => {
+                let _ = std::fs::remove_dir_all(&logs);
+                verdict
+            }
+        };
         let seconds = t.elapsed().as_secs_f64();
         match &verdict {
             Ok(saw) => println!(
@@ -447,6 +504,7 @@ fn mutants(bin: &str) -> ExitCode {
         let ctx = Ctx {
             receiver: format!("env RECEIVER_MUTANT={mutant} {}", shell_quote(bin)),
             seed: 1,
+            logs: None,
         };
         println!("conformance: mutant {mutant}: running {}", case.name);
         let t = Instant::now();
@@ -501,6 +559,7 @@ mod tests {
             json: None,
             expect: Vec::new(),
             strict: false,
+            keep_logs: DEFAULT_KEEP_LOGS.into(),
         }
     }
 
@@ -587,15 +646,36 @@ mod tests {
             "--strict",
             "--json",
             "out/kit.json",
+            "--keep-logs",
+            "out/logs",
         ])) {
             Ok(Asked::Run(o)) => {
                 assert_eq!((o.receiver.as_str(), o.seed), ("r", 9));
                 assert!(o.strict);
                 assert_eq!(o.json, Some("out/kit.json".into()));
                 assert_eq!(o.only, Some(vec!["schema".to_owned(), "utc".to_owned()]));
+                assert_eq!(o.keep_logs, std::path::PathBuf::from("out/logs"));
             }
             _ => panic!("a good command line"),
         }
+        match parse(&args(&["run", "--receiver", "r"])) {
+            Ok(Asked::Run(o)) => {
+                assert_eq!(o.keep_logs, std::path::PathBuf::from(DEFAULT_KEEP_LOGS))
+            }
+            _ => panic!("a good command line"),
+        }
+        assert!(err(&["run", "--receiver", "r", "--keep-logs"])
+            .starts_with("--keep-logs needs a directory"));
+        // --help after each command is its help, not an error.
+        for command in ["run", "mutants", "list", "--list"] {
+            for flag in ["--help", "-h"] {
+                assert!(
+                    matches!(parse(&args(&[command, flag])), Ok(Asked::Nothing)),
+                    "{command} {flag}"
+                );
+            }
+        }
+        assert!(matches!(parse(&args(&["--help"])), Ok(Asked::Nothing)));
     }
 
     #[test]

@@ -88,11 +88,13 @@ pub struct Case {
     run: fn(Ctx) -> CaseFuture,
 }
 
-/// What a case gets: the receiver's command line and the run's seed.
+/// What a case gets: the receiver's command line, the run's seed, and where the receiver's
+/// output is copied when the case's worlds end (the runner keeps it for a failed case).
 #[derive(Debug, Clone)]
 pub struct Ctx {
     pub receiver: String,
     pub seed: u64,
+    pub logs: Option<std::path::PathBuf>,
 }
 
 macro_rules! case {

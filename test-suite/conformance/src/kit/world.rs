@@ -26,6 +26,8 @@ pub(crate) struct World {
     pub(crate) runs: usize,
     /// Every output of the receiver in this world, for the secrets check.
     pub(crate) logs: Vec<PathBuf>,
+    /// Where those outputs are copied when the world ends (the case's log directory).
+    pub(crate) keep: Option<PathBuf>,
     /// The receiver's databases on a server of the case's own, when it stops that server
     /// (the platform's stay on the shared one); dropped last, server after databases.
     pub(crate) own: Option<(Provisioned, Server)>,
@@ -50,6 +52,21 @@ pub(crate) fn platform_args(seconds: u64, budget: u32) -> Vec<String> {
 /// count ([`super::REFUSED_ACKS`]), so that a case can name that cause.
 impl Drop for World {
     fn drop(&mut self) {
+        // Before the scratch directory goes with the platform: a case may have several worlds,
+        // so each copy is named by the world's platform port and the run.
+        if let Some(keep) = &self.keep {
+            if !self.logs.is_empty() && std::fs::create_dir_all(keep).is_ok() {
+                let world = self.orbit.url.rsplit(':').next().unwrap_or("0").to_owned();
+                for log in &self.logs {
+                    if let Some(name) = log.file_name() {
+                        let _ = std::fs::copy(
+                            log,
+                            keep.join(format!("world-{world}-{}", name.to_string_lossy())),
+                        );
+                    }
+                }
+            }
+        }
         let refused = self
             .orbit
             .metric("orbit_acks_total{result=\"refused\"}")
@@ -109,6 +126,7 @@ impl World {
             dir,
             runs: 0,
             logs: Vec::new(),
+            keep: ctx.logs.clone(),
             own,
         }
     }
