@@ -12,8 +12,9 @@ use std::os::unix::process::CommandExt;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
 
 use nix::sys::signal::{kill, killpg, Signal};
 use nix::unistd::Pid;
@@ -77,10 +78,49 @@ impl Hit {
 /// has finished reacting to it.
 #[derive(Debug)]
 pub struct Proc {
-    child: Child,
+    /// Shared with the [`Watch`]es of it (which only ever `try_wait`).
+    child: Arc<Mutex<Child>>,
+    pid: u32,
     log: PathBuf,
     group: bool,
     status: Option<ExitStatus>,
+    /// Set once this side sent it a signal: an end after that is not "by itself".
+    signalled: Arc<AtomicBool>,
+    started: Instant,
+}
+
+/// A look at a [`Proc`] from elsewhere (the kit's world, while a case waits): whether it
+/// ended by itself, that is, not after a signal from this side. It ends when the `Proc` does.
+#[derive(Debug, Clone)]
+pub struct Watch {
+    child: Weak<Mutex<Child>>,
+    signalled: Arc<AtomicBool>,
+    started: Instant,
+    log: PathBuf,
+}
+
+impl Watch {
+    /// How it ended and after how long, if it ended by itself; `None` while it runs, once it
+    /// was sent a signal, or once its `Proc` is gone.
+    pub fn ended_by_itself(&self) -> Option<(ExitStatus, Duration)> {
+        if self.signalled.load(Ordering::SeqCst) {
+            return None;
+        }
+        let child = self.child.upgrade()?;
+        let status = child
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .try_wait()
+            .ok()
+            .flatten()?;
+        // A signal sent while the lock was waited for.
+        (!self.signalled.load(Ordering::SeqCst)).then(|| (status, self.started.elapsed()))
+    }
+
+    /// Where its output goes.
+    pub fn log(&self) -> &Path {
+        &self.log
+    }
 }
 
 impl Proc {
@@ -98,17 +138,35 @@ impl Proc {
     fn spawn(mut cmd: Command, log: PathBuf, group: bool) -> Proc {
         let out = fs::File::create(&log).expect("a log file");
         cmd.stdout(out.try_clone().expect("a log file")).stderr(out);
+        let child = crate::spawn(cmd);
         Proc {
-            child: crate::spawn(cmd),
+            pid: child.id(),
+            child: Arc::new(Mutex::new(child)),
             log,
             group,
             status: None,
+            signalled: Arc::new(AtomicBool::new(false)),
+            started: Instant::now(),
         }
+    }
+
+    /// A [`Watch`] on it.
+    pub fn watch(&self) -> Watch {
+        Watch {
+            child: Arc::downgrade(&self.child),
+            signalled: self.signalled.clone(),
+            started: self.started,
+            log: self.log.clone(),
+        }
+    }
+
+    fn child(&self) -> std::sync::MutexGuard<'_, Child> {
+        self.child.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// The process id (of the group's leader, for a group).
     pub fn pid(&self) -> u32 {
-        self.child.id()
+        self.pid
     }
 
     /// Where its output goes.
@@ -123,11 +181,12 @@ impl Proc {
 
     /// Its standard input, if the command was given a pipe (once).
     pub fn take_stdin(&mut self) -> Option<ChildStdin> {
-        self.child.stdin.take()
+        self.child().stdin.take()
     }
 
     /// Sends `signal` to the process, or to its group.
     pub fn signal(&self, signal: Signal) -> nix::Result<()> {
+        self.signalled.store(true, Ordering::SeqCst);
         let pid = Pid::from_raw(self.pid() as i32);
         if self.group {
             killpg(pid, signal)
@@ -139,10 +198,11 @@ impl Proc {
     /// How it ended, once it has (and, for a group, once every process of it has).
     pub fn try_wait(&mut self) -> Option<ExitStatus> {
         if self.status.is_none() {
-            self.status = self.child.try_wait().ok().flatten();
+            let status = self.child().try_wait().ok().flatten();
+            self.status = status;
         }
         match self.status {
-            Some(_) if self.group && testdb::group_alive(self.child.id()) => None,
+            Some(_) if self.group && testdb::group_alive(self.pid) => None,
             status => status,
         }
     }
@@ -161,7 +221,8 @@ impl Proc {
         if let Some(s) = self.status {
             return s;
         }
-        let status = self.child.wait().expect("wait for a child process");
+        let waited = self.child().wait();
+        let status = waited.expect("wait for a child process");
         self.status = Some(status);
         status
     }
@@ -177,7 +238,7 @@ impl Drop for Proc {
     fn drop(&mut self) {
         if self.status.is_none() || self.group {
             let _ = self.signal(Signal::SIGKILL);
-            let _ = self.child.wait();
+            let _ = self.child().wait();
         }
     }
 }

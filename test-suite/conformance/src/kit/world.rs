@@ -28,6 +28,8 @@ pub(crate) struct World {
     pub(crate) logs: Vec<PathBuf>,
     /// Where those outputs are copied when the world ends (the case's log directory).
     pub(crate) keep: Option<PathBuf>,
+    /// Every `consume` this world started, to tell when one ended by itself.
+    pub(crate) consumers: Vec<crate::process::Watch>,
     /// The receiver's databases on a server of the case's own, when it stops that server
     /// (the platform's stay on the shared one); dropped last, server after databases.
     pub(crate) own: Option<(Provisioned, Server)>,
@@ -127,6 +129,7 @@ impl World {
             runs: 0,
             logs: Vec::new(),
             keep: ctx.logs.clone(),
+            consumers: Vec::new(),
             own,
         }
     }
@@ -196,10 +199,15 @@ impl World {
         let row = poll(
             Duration::from_secs(20),
             Duration::from_millis(20),
-            || async { (!self.inbox(event).await.is_empty()).then_some(()) },
+            || async {
+                if let Some(ended) = self.consume_ended() {
+                    return Some(Err(ended));
+                }
+                (!self.inbox(event).await.is_empty()).then_some(Ok(()))
+            },
         )
         .await;
-        row.ok_or_else(|| "R-STORE-7: no inbox row for the delivered event within 20 s".into())
+        row.unwrap_or_else(|| Err("R-STORE-7: no inbox row for the delivered event within 20 s".into()))
     }
 
     /// `CMD init` as the account that may create tables, then the runtime grants.
@@ -220,7 +228,24 @@ impl World {
 
     pub(crate) fn consume(&mut self) -> Proc {
         let env = self.env(&self.dsn.clone());
-        self.spawn("consume", &env)
+        let p = self.spawn("consume", &env);
+        self.consumers.push(p.watch());
+        p
+    }
+
+    /// A `consume` of this world that ended by itself (no signal from the kit) while the case
+    /// still needed it: the one line a wait fails with at once, instead of a time-out blamed on
+    /// another rule.
+    pub(crate) fn consume_ended(&self) -> Option<String> {
+        self.consumers.iter().find_map(|w| {
+            let (status, after) = w.ended_by_itself()?;
+            let out = std::fs::read_to_string(w.log()).unwrap_or_default();
+            Some(format!(
+                "R-CLI-3: consume exited by itself ({status}) after {:.1} s, while the case still needed it (consume runs until SIGINT or SIGTERM); its last lines: {}",
+                after.as_secs_f64(),
+                last_lines(self, &out)
+            ))
+        })
     }
 
     /// Sets up the tables and starts consume.
@@ -295,11 +320,15 @@ impl World {
             None
         };
         let all = poll(within, Duration::from_millis(100), || async {
-            first_open().await.is_none().then_some(())
+            if let Some(ended) = self.consume_ended() {
+                return Some(Err(ended));
+            }
+            first_open().await.is_none().then_some(Ok(()))
         })
         .await;
         let still_open = match all {
-            Some(()) => None,
+            Some(Err(ended)) => return Err(ended),
+            Some(Ok(())) => None,
             None => first_open().await,
         };
         let Some(d) = still_open else {

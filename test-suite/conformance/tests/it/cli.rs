@@ -1,4 +1,5 @@
-//! The real `receiver` binary: `init` and its refusals (R-SCHEMA-5, R-SCHEMA-6, R-CLI-5).
+//! The real `receiver` binary: `init` and its refusals (R-SCHEMA-5, R-SCHEMA-6, R-CLI-5); and the
+//! kit's own command line against a receiver that exits.
 
 use std::process::Output;
 use std::time::{Duration, Instant};
@@ -547,4 +548,51 @@ fn a_variable_that_is_not_utf8_is_named_not_read_lossily() {
             "{name}"
         );
     }
+}
+
+/// The kit, run as a user would, against a receiver whose `consume` prints a line and exits 7
+/// at once: the case fails within seconds naming the exit, its status and the line (not a
+/// 30 s time-out blamed on R-STORE-7), and the receiver's output is kept where the message says.
+#[test]
+fn the_kit_blames_a_consume_that_exits_for_its_exit_and_keeps_its_output() {
+    let dir = testdb::scratch_dir().unwrap().join("kit-exits");
+    std::fs::create_dir_all(&dir).unwrap();
+    let wrapper = dir.join("receiver.sh");
+    std::fs::write(
+        &wrapper,
+        format!(
+            "if [ \"$1\" = consume ]; then echo 'consume: giving up at once'; exit 7; fi\nexec {} \"$@\"\n",
+            receiver_bin().display()
+        ),
+    )
+    .unwrap();
+    let keep = dir.join("logs");
+    let started = Instant::now();
+    let out = bare_command(&conformance::workspace_bin("conformance"))
+        .env("PATH", "/usr/bin:/bin")
+        .args(["run", "--receiver"])
+        .arg(format!("sh {}", wrapper.display()))
+        .args(["--only", "first-receipt", "--keep-logs"])
+        .arg(&keep)
+        .output()
+        .expect("the kit runs");
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{stdout}{}", text(&out.stderr));
+    let failed = stdout
+        .lines()
+        .find(|l| l.starts_with("conformance: first-receipt: FAILED"))
+        .unwrap_or_else(|| panic!("{stdout}"));
+    assert!(
+        failed.contains("R-CLI-3: consume exited by itself (exit status: 7)")
+            && failed.contains("consume: giving up at once")
+            && failed.contains(&keep.join("first-receipt").display().to_string()),
+        "{failed}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(25), "{:?}", started.elapsed());
+    let kept: Vec<String> = std::fs::read_dir(keep.join("first-receipt"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(kept.iter().any(|f| f.ends_with("-consume.log")), "{kept:?}");
+    std::fs::remove_dir_all(&dir).unwrap();
 }
