@@ -207,7 +207,9 @@ impl World {
             },
         )
         .await;
-        row.unwrap_or_else(|| Err("R-STORE-7: no inbox row for the delivered event within 20 s".into()))
+        row.unwrap_or_else(|| {
+            Err("R-STORE-7: no inbox row for the delivered event within 20 s".into())
+        })
     }
 
     /// `CMD init` as the account that may create tables, then the runtime grants.

@@ -588,7 +588,11 @@ fn the_kit_blames_a_consume_that_exits_for_its_exit_and_keeps_its_output() {
             && failed.contains(&keep.join("first-receipt").display().to_string()),
         "{failed}"
     );
-    assert!(started.elapsed() < Duration::from_secs(25), "{:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(25),
+        "{:?}",
+        started.elapsed()
+    );
     let kept: Vec<String> = std::fs::read_dir(keep.join("first-receipt"))
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
