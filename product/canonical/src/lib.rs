@@ -6,7 +6,7 @@
 //! This is the first step of the flow: raw bytes off the wire become either a [`Document`]
 //! whose canonical bytes are what the inbox stores and hashes, or a typed [`CanonError`]. The
 //! form is written down for other implementations in `docs/canonical-json.md`; the vectors in
-//! `product/canonical/tests/vectors/canonical-v1.json` are the contract, and the unit tests
+//! `docs/canonical-v1.json` are the contract, and the unit tests
 //! read them.
 //!
 //! What this crate must never do: touch a database or the network, or accept anything the

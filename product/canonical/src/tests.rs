@@ -3,7 +3,7 @@
 use super::*;
 use proptest::prelude::*;
 
-const VECTORS: &str = include_str!("../tests/vectors/canonical-v1.json");
+const VECTORS: &str = include_str!("../../../docs/canonical-v1.json");
 
 struct Vector {
     name: String,
