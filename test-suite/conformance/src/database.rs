@@ -125,6 +125,46 @@ impl ReceiverDb {
             .expect("the proxy starts")
     }
 
+    /// The embedding example's own table (`product/inbox/examples/embed.rs`), with the runtime
+    /// account's SELECT and INSERT on it.
+    pub async fn customer_notices(&self) {
+        let mut admin = self.admin().await;
+        for stmt in [
+            "CREATE TABLE customer_notices (task_id VARBINARY(128) NOT NULL, \
+             task_version BIGINT UNSIGNED NOT NULL, state VARCHAR(32) NOT NULL, \
+             PRIMARY KEY (task_id, task_version)) ENGINE=InnoDB"
+                .to_owned(),
+            format!(
+                "GRANT SELECT, INSERT ON `{}`.customer_notices TO '{}'@'%'",
+                self.db.receiver_db, self.db.runtime.user
+            ),
+        ] {
+            sqlx::Executor::execute(&mut admin, stmt.as_str())
+                .await
+                .unwrap_or_else(|e| panic!("{stmt}: {e}"));
+        }
+    }
+
+    /// The embedding example, run as a user would, on this database as the runtime account,
+    /// with `lines` (one event a line) on its standard input; its exit and output.
+    pub async fn run_embed(&self, lines: &str) -> std::process::Output {
+        let mut cmd = crate::bare_command(&crate::workspace_example("embed"));
+        cmd.arg(self.db.runtime_url().expose())
+            .arg(QUEUE)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        let mut child = crate::spawn(cmd);
+        {
+            use std::io::Write;
+            let mut stdin = child.stdin.take().expect("a piped stdin");
+            stdin.write_all(lines.as_bytes()).expect("stdin written");
+        }
+        tokio::task::spawn_blocking(move || child.wait_with_output().expect("embed ends"))
+            .await
+            .expect("the wait finished")
+    }
+
     /// [`age_inbox_rows`] on this database.
     pub async fn age_rows(&self, events: &[&str], days: u32) {
         age_inbox_rows(&self.db, events, days).await;

@@ -346,6 +346,18 @@ impl World {
         ))
     }
 
+    /// Asks the platform to deliver event `key` again (orbit-dev's `duplicate-event` fault):
+    /// the new deliveries.
+    pub(crate) fn redeliver(&self, key: &str) -> Vec<DeliveryId> {
+        let reply = self.fault(serde_json::json!({"fault": "duplicate-event", "event_id": key}));
+        reply["deliveries"]
+            .as_array()
+            .expect("deliveries")
+            .iter()
+            .filter_map(|d| d.as_str().map(DeliveryId::from))
+            .collect()
+    }
+
     /// The deliveries of platform event `event` (its key).
     pub(crate) async fn deliveries_of(&self, event: &str) -> Vec<DeliveryId> {
         self.deliveries()

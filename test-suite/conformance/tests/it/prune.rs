@@ -16,6 +16,23 @@ fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
 
+/// `n` inbox rows of the default consumer and queue, 100 bytes each, 40 days old.
+async fn old_rows(admin: &mut sqlx::MySqlConnection, n: usize) {
+    conformance::insert_old_inbox_rows(admin, ("task-result-view", QUEUE), "old", n, 100, 40).await;
+}
+
+/// `receiver prune ARGS` with `env`, started, its output piped (for a test that signals it or
+/// kills its server meanwhile).
+fn start_prune(env: &[(&'static str, String)], args: &[&str]) -> std::process::Child {
+    let mut cmd = conformance::bare_command(&conformance::receiver_bin());
+    cmd.arg("prune")
+        .args(args)
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    conformance::spawn(cmd)
+}
+
 /// The `key=value` fields of a summary line.
 fn fields(line: &str) -> HashMap<String, String> {
     line.split(' ')
@@ -141,54 +158,23 @@ async fn after_pruning_a_redelivery_is_recorded_again_as_not_applied_and_never_m
 #[tokio::test]
 async fn the_embedding_example_writes_no_second_notice_for_a_redelivery_after_pruning() {
     let rdb = ReceiverDb::new().await;
-    let mut admin = rdb.admin().await;
-    admin
-        .execute(
-            "CREATE TABLE customer_notices (task_id VARBINARY(128) NOT NULL, \
-             task_version BIGINT UNSIGNED NOT NULL, state VARCHAR(32) NOT NULL, \
-             PRIMARY KEY (task_id, task_version)) ENGINE=InnoDB",
-        )
-        .await
-        .unwrap();
-    admin
-        .execute(
-            format!(
-                "GRANT SELECT, INSERT ON `{}`.customer_notices TO '{}'@'%'",
-                rdb.db.receiver_db, rdb.db.runtime.user
-            )
-            .as_str(),
-        )
-        .await
-        .unwrap();
+    rdb.customer_notices().await;
     let event = EventSpec::cancelled("evt-n1", "task-n", 2)
         .json()
         .replace('\n', " ");
-    let example = |line: &str| -> String {
-        let mut cmd = conformance::bare_command(&conformance::workspace_example("embed"));
-        cmd.arg(rdb.db.runtime_url().expose())
-            .arg(QUEUE)
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped());
-        let mut child = conformance::spawn(cmd);
-        {
-            use std::io::Write;
-            child
-                .stdin
-                .take()
-                .unwrap()
-                .write_all(line.as_bytes())
-                .unwrap();
+    let example = |line: &str| {
+        let (rdb, line) = (&rdb, line.to_owned());
+        async move {
+            let out = rdb.run_embed(&line).await;
+            assert!(out.status.success(), "{}", text(&out.stderr));
+            text(&out.stdout).trim().to_owned()
         }
-        let out = child.wait_with_output().unwrap();
-        assert!(out.status.success(), "{}", text(&out.stderr));
-        text(&out.stdout).trim().to_owned()
     };
-    assert_eq!(example(&event), "event=evt-n1 outcome=applied");
+    assert_eq!(example(&event).await, "event=evt-n1 outcome=applied");
     rdb.age_rows(&["evt-n1"], 40).await;
     // The example's own consumer name.
     assert_eq!(prune_all(&rdb, "customer-notices").await, 1);
-    assert_eq!(example(&event), "event=evt-n1 outcome=stale");
+    assert_eq!(example(&event).await, "event=evt-n1 outcome=stale");
     assert_eq!(rdb.scalar("SELECT COUNT(*) FROM customer_notices").await, 1);
     assert_eq!(
         rdb.scalar("SELECT CAST(applied_events AS SIGNED) FROM receiver_task_views")
@@ -556,30 +542,18 @@ async fn a_time_limit_stops_cleanly_a_second_run_continues_and_two_at_once_share
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_stops_a_prune_between_batches_with_a_summary() {
     let rdb = ReceiverDb::new().await;
-    let mut admin = rdb.admin().await;
-    conformance::insert_old_inbox_rows(
-        &mut admin,
-        ("task-result-view", QUEUE),
-        "old",
-        5_000,
-        100,
-        40,
-    )
-    .await;
-    let mut cmd = conformance::bare_command(&conformance::receiver_bin());
-    cmd.args([
-        "prune",
-        "--older-than",
-        "30d",
-        "--batch-rows",
-        "10",
-        "--pause",
-        "200ms",
-    ])
-    .envs(rdb.prune_env(&rdb.db.prune_url()))
-    .stdout(std::process::Stdio::piped())
-    .stderr(std::process::Stdio::piped());
-    let child = conformance::spawn(cmd);
+    old_rows(&mut rdb.admin().await, 5_000).await;
+    let child = start_prune(
+        &rdb.prune_env(&rdb.db.prune_url()),
+        &[
+            "--older-than",
+            "30d",
+            "--batch-rows",
+            "10",
+            "--pause",
+            "200ms",
+        ],
+    );
     tokio::time::sleep(Duration::from_millis(1500)).await;
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(child.id() as i32),
@@ -676,34 +650,23 @@ async fn a_database_lost_mid_run_stops_prune_with_exit_1_and_keeps_what_it_delet
     let server = testdb::Server::local().expect("a local server");
     let db = server.provision().await.expect("provisioned");
     conformance::initialise(&db).await;
+    use sqlx::Connection;
     let mut admin = sqlx::MySqlConnection::connect(db.admin_receiver_url().expose())
         .await
         .unwrap();
-    use sqlx::Connection;
-    conformance::insert_old_inbox_rows(
-        &mut admin,
-        ("task-result-view", QUEUE),
-        "old",
-        5_000,
-        100,
-        40,
-    )
-    .await;
+    old_rows(&mut admin, 5_000).await;
     drop(admin);
-    let mut cmd = conformance::bare_command(&conformance::receiver_bin());
-    cmd.args([
-        "prune",
-        "--older-than",
-        "30d",
-        "--batch-rows",
-        "10",
-        "--pause",
-        "100ms",
-    ])
-    .envs(conformance::prune_env(&db.prune_url()))
-    .stdout(std::process::Stdio::piped())
-    .stderr(std::process::Stdio::piped());
-    let child = conformance::spawn(cmd);
+    let child = start_prune(
+        &db_env(&db),
+        &[
+            "--older-than",
+            "30d",
+            "--batch-rows",
+            "10",
+            "--pause",
+            "100ms",
+        ],
+    );
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert!(server.kill(), "the server was running");
     let out = tokio::task::spawn_blocking(move || child.wait_with_output().unwrap())

@@ -713,25 +713,8 @@ async fn an_apply_past_its_time_budget_fails_without_committing() {
 #[tokio::test]
 async fn the_embedding_example_writes_its_own_row_in_the_apply_transaction() {
     let rdb = ReceiverDb::new().await;
+    rdb.customer_notices().await;
     let mut admin = rdb.admin().await;
-    admin
-        .execute(
-            "CREATE TABLE customer_notices (task_id VARBINARY(128) NOT NULL, \
-             task_version BIGINT UNSIGNED NOT NULL, state VARCHAR(32) NOT NULL, \
-             PRIMARY KEY (task_id, task_version)) ENGINE=InnoDB",
-        )
-        .await
-        .unwrap();
-    admin
-        .execute(
-            format!(
-                "GRANT SELECT, INSERT ON `{}`.customer_notices TO '{}'@'%'",
-                rdb.db.receiver_db, rdb.db.runtime.user
-            )
-            .as_str(),
-        )
-        .await
-        .unwrap();
     // A notice for version 3 exists already, so the example's write for v3 fails (1062 on its
     // own table): the inbox row and the view change of v3 must roll back with it.
     admin
@@ -746,21 +729,7 @@ async fn the_embedding_example_writes_its_own_row_in_the_apply_transaction() {
     ]
     .map(|j| j.replace('\n', " "))
     .join("\n");
-    let mut cmd = conformance::bare_command(&conformance::workspace_example("embed"));
-    cmd.arg(rdb.db.runtime_url().expose())
-        .arg(conformance::QUEUE)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped());
-    let mut child = conformance::spawn(cmd);
-    {
-        use std::io::Write;
-        let mut stdin = child.stdin.take().unwrap();
-        stdin.write_all(lines.as_bytes()).unwrap();
-    }
-    let out = tokio::task::spawn_blocking(move || child.wait_with_output().unwrap())
-        .await
-        .unwrap();
+    let out = rdb.run_embed(&lines).await;
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),

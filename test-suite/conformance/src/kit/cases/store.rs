@@ -63,13 +63,7 @@ pub(crate) async fn first_receipt(ctx: Ctx) -> Verdict {
 
 pub(crate) async fn duplicate(ctx: Ctx) -> Verdict {
     let (w, _p, task, key) = World::first_event(&ctx, SHORT_LEASE).await?;
-    let reply = w.fault(serde_json::json!({"fault": "duplicate-event", "event_id": key}));
-    let again: Vec<DeliveryId> = reply["deliveries"]
-        .as_array()
-        .expect("deliveries")
-        .iter()
-        .filter_map(|d| d.as_str().map(DeliveryId::from))
-        .collect();
+    let again = w.redeliver(&key);
     // A duplicate is resolved inside its first lease: once one was handed out again, the
     // receiver did not ACK it.
     for id in &again {
@@ -123,13 +117,7 @@ pub(crate) async fn pruned_redelivery(ctx: Ctx) -> Verdict {
         pruned == 1,
         "R-STORE-2: {pruned} inbox rows held the applied event {key}; one was expected"
     );
-    let reply = w.fault(serde_json::json!({"fault": "duplicate-event", "event_id": key}));
-    let again: Vec<DeliveryId> = reply["deliveries"]
-        .as_array()
-        .expect("deliveries")
-        .iter()
-        .filter_map(|d| d.as_str().map(DeliveryId::from))
-        .collect();
+    let again = w.redeliver(&key);
     w.acked(
         &again,
         Duration::from_secs(30),
