@@ -79,11 +79,22 @@ pub enum Mutant {
     /// for it, so a redelivery after pruning applies a second time (R-STORE-12). While the
     /// inbox row is there, its dedup hides the fault.
     ReappliesPruned,
+    /// The canonical writer escapes every character outside ASCII as `\uXXXX` (a surrogate
+    /// pair beyond the BMP), as Python's `json.dumps` does by default (R-CANON-2, rule O4).
+    EscapesNonAscii,
+    /// The canonical writer escapes `/` as `\/`, as PHP's `json_encode` does (R-CANON-2, O4).
+    EscapesSlash,
+    /// `occurred_at` is stored as delivered, its offset and fraction kept, not normalised to
+    /// UTC (R-CANON-2, O7).
+    KeepsOffset,
+    /// Members are sorted by their names' UTF-8 bytes, not their UTF-16 code units (R-CANON-2,
+    /// O2): the two differ only where a character above U+FFFF meets one in U+E000–U+FFFF.
+    Utf8KeyOrder,
 }
 
 impl Mutant {
     /// Every mutant, in the order the kit reports them.
-    pub const ALL: [Mutant; 24] = [
+    pub const ALL: [Mutant; 28] = [
         Mutant::AckBeforeCommit,
         Mutant::InsertIgnore,
         Mutant::NoDigestCompare,
@@ -108,6 +119,10 @@ impl Mutant {
         Mutant::AckEarlySometimes,
         Mutant::SplitCommit,
         Mutant::ReappliesPruned,
+        Mutant::EscapesNonAscii,
+        Mutant::EscapesSlash,
+        Mutant::KeepsOffset,
+        Mutant::Utf8KeyOrder,
     ];
 
     /// The name `RECEIVER_MUTANT` takes.
@@ -137,6 +152,10 @@ impl Mutant {
             Mutant::AckEarlySometimes => "ack-early-sometimes",
             Mutant::SplitCommit => "split-commit",
             Mutant::ReappliesPruned => "reapplies-pruned",
+            Mutant::EscapesNonAscii => "escapes-non-ascii",
+            Mutant::EscapesSlash => "escapes-slash",
+            Mutant::KeepsOffset => "keeps-offset",
+            Mutant::Utf8KeyOrder => "utf8-key-order",
         }
     }
 
@@ -266,6 +285,130 @@ pub fn as_received(event: TaskEvent, raw: &[u8]) -> TaskEvent {
             .map(|at| at..at + r.len())
     });
     event.with_stored_form(raw.to_vec(), result)
+}
+
+/// The event as a mutant's canonical writer would store it ([`Mutant::EscapesNonAscii`],
+/// [`Mutant::EscapesSlash`], [`Mutant::KeepsOffset`], [`Mutant::Utf8KeyOrder`]; any other
+/// mutant leaves it as it is): the whole event and its result written the mutant's way, the
+/// digest that of the mutant's bytes. `raw` is the event as received.
+pub fn rewritten(m: Mutant, event: TaskEvent, raw: &[u8]) -> TaskEvent {
+    let write = |bytes: &[u8]| -> Vec<u8> {
+        match m {
+            Mutant::EscapesNonAscii => {
+                let text = String::from_utf8_lossy(bytes);
+                let mut out = String::with_capacity(text.len() * 2);
+                for c in text.chars() {
+                    if c.is_ascii() {
+                        out.push(c);
+                    } else {
+                        let mut units = [0u16; 2];
+                        for u in c.encode_utf16(&mut units) {
+                            out.push_str(&format!("\\u{u:04x}"));
+                        }
+                    }
+                }
+                out.into_bytes()
+            }
+            Mutant::EscapesSlash => String::from_utf8_lossy(bytes)
+                .replace('/', "\\/")
+                .into_bytes(),
+            Mutant::Utf8KeyOrder => {
+                let mut out = Vec::with_capacity(bytes.len());
+                byte_ordered(bytes, &mut 0, &mut out);
+                out
+            }
+            _ => bytes.to_vec(),
+        }
+    };
+    let mut stored = write(event.canonical());
+    if m == Mutant::KeepsOffset {
+        let delivered = serde_json::from_slice::<serde_json::Value>(raw)
+            .ok()
+            .and_then(|v| v.get("occurred_at").map(ToString::to_string));
+        let text = String::from_utf8_lossy(&stored).into_owned();
+        if let (Some(delivered), Some(at)) = (delivered, text.find("\"occurred_at\":\"")) {
+            let value = at + "\"occurred_at\":".len();
+            let end = text[value + 1..]
+                .find('"')
+                .map_or(text.len(), |e| value + e + 2);
+            stored = format!("{}{delivered}{}", &text[..value], &text[end..]).into_bytes();
+        }
+    }
+    let result = event.result().map(write).and_then(|r| {
+        stored
+            .windows(r.len().max(1))
+            .position(|w| w == r)
+            .map(|at| at..at + r.len())
+    });
+    event.with_stored_form(stored, result)
+}
+
+/// [`Mutant::Utf8KeyOrder`]: the canonical JSON value at `text[*at..]` copied to `out` with
+/// every object's members sorted by their names' bytes as written.
+fn byte_ordered(text: &[u8], at: &mut usize, out: &mut Vec<u8>) {
+    // A string, quotes included, from `*at`.
+    fn string(text: &[u8], at: &mut usize) -> std::ops::Range<usize> {
+        let start = *at;
+        *at += 1;
+        while *at < text.len() && text[*at] != b'"' {
+            *at += if text[*at] == b'\\' { 2 } else { 1 };
+        }
+        *at += 1;
+        start..(*at).min(text.len())
+    }
+    match text.get(*at) {
+        Some(b'{') => {
+            *at += 1;
+            let mut members: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
+            while *at < text.len() && text[*at] != b'}' {
+                if text[*at] == b',' {
+                    *at += 1;
+                }
+                let name = text[string(text, at)].to_vec();
+                *at += 1; // ':'
+                let mut value = Vec::new();
+                byte_ordered(text, at, &mut value);
+                members.push((name, value));
+            }
+            *at += 1;
+            members.sort();
+            out.push(b'{');
+            for (i, (name, value)) in members.into_iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                out.extend(name);
+                out.push(b':');
+                out.extend(value);
+            }
+            out.push(b'}');
+        }
+        Some(b'[') => {
+            *at += 1;
+            out.push(b'[');
+            while *at < text.len() && text[*at] != b']' {
+                if text[*at] == b',' {
+                    *at += 1;
+                    out.push(b',');
+                }
+                byte_ordered(text, at, out);
+            }
+            *at += 1;
+            out.push(b']');
+        }
+        Some(b'"') => {
+            let r = string(text, at);
+            out.extend_from_slice(&text[r]);
+        }
+        Some(_) => {
+            let start = *at;
+            while *at < text.len() && !matches!(text[*at], b',' | b'}' | b']') {
+                *at += 1;
+            }
+            out.extend_from_slice(&text[start..*at]);
+        }
+        None => {}
+    }
 }
 
 /// [`crate::schema::init`] for a store of mutant `m`: [`Mutant::CaseInsensitiveIds`] makes the

@@ -142,6 +142,9 @@ pub async fn consume(
 /// - [`Mutant::FloatNumbers`] applies the event with its result's numbers through an `f64`;
 /// - [`Mutant::AsReceived`] records the bytes as received
 ///   (`result_inbox::mutants::as_received`);
+/// - [`Mutant::EscapesNonAscii`], [`Mutant::EscapesSlash`], [`Mutant::KeepsOffset`] and
+///   [`Mutant::Utf8KeyOrder`] record the canonical bytes their way
+///   (`result_inbox::mutants::rewritten`);
 /// - [`Mutant::AcksRejected`] reports a refused event as applied;
 /// - [`Mutant::NoEventQueueCheck`] applies the event as if it named the configured queue;
 /// - [`Mutant::LostUpdate`] also writes the view from a read made before the transaction;
@@ -192,6 +195,18 @@ fn apply<'a>(
             Some(Mutant::AsReceived) => match parse(raw, store.queue()) {
                 Ok(event) => {
                     let event = result_inbox::mutants::as_received(event, raw);
+                    delivery::apply(store, &event, Some(deadline)).await.1
+                }
+                Err(rejected) => rejected,
+            },
+            Some(
+                m @ (Mutant::EscapesNonAscii
+                | Mutant::EscapesSlash
+                | Mutant::KeepsOffset
+                | Mutant::Utf8KeyOrder),
+            ) => match parse(raw, store.queue()) {
+                Ok(event) => {
+                    let event = result_inbox::mutants::rewritten(m, event, raw);
                     delivery::apply(store, &event, Some(deadline)).await.1
                 }
                 Err(rejected) => rejected,

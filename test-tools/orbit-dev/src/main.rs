@@ -7,6 +7,7 @@
 mod api;
 mod db;
 mod serve;
+mod vary;
 
 use std::process::ExitCode;
 use std::sync::atomic::AtomicBool;
@@ -23,7 +24,7 @@ use tokio::sync::Notify;
 const USAGE: &str = "usage:
   orbit-dev serve [--listen 127.0.0.1:8080] [--lease-seconds 30] [--max-attempts 5] [--window 64]
                   [--header-timeout-seconds 10] [--body-timeout-seconds 30] [--max-connections 1024]
-                  [--enable-fault-api] [--tls-cert FILE --tls-key FILE]
+                  [--enable-fault-api] [--vary-events SEED] [--tls-cert FILE --tls-key FILE]
   orbit-dev bootstrap --application NAME --namespace NAME --environment NAME --queue ID [--event-access] --output PATH [--force]
 
 environment:
@@ -33,7 +34,9 @@ serve: prints `listening=HOST:PORT` on stdout once it accepts connections. Lease
   --lease-seconds (30 by default, the real timing); a delivery gets --max-attempts leases before
   it is EXPIRED; a subscription holds at most --window outstanding deliveries (EXPIRED included).
   --enable-fault-api adds POST /v1/_faults (test-only faults: drop-next-ack-reply,
-  close-stream-after-delivery, oversize-next-delivery, …); without it the endpoint does not exist. With --tls-cert (a PEM
+  close-stream-after-delivery, oversize-next-delivery, …); without it the endpoint does not exist.
+  --vary-events SEED writes each event as another JSON writer might, drawn from SEED: member
+  order, whitespace, \\u escapes, occurred_at's offset and fraction (docs/orbit-protocol.md). With --tls-cert (a PEM
   chain, the server's certificate first) and --tls-key (its PEM private key) it serves HTTPS
   and WSS only, on the same routes and limits; ORBIT_MYSQL_DSN may carry ssl-mode and ssl-ca.
 bootstrap: creates the namespace and queue if missing and a new credential bound to the queue
@@ -111,6 +114,7 @@ struct ServeOptions {
     max_attempts: u32,
     window: u32,
     fault_api: bool,
+    vary_events: Option<u64>,
     limits: serve::Limits,
     /// `--tls-cert`, `--tls-key`.
     tls: Option<(std::path::PathBuf, std::path::PathBuf)>,
@@ -130,6 +134,7 @@ fn parse_serve(args: &[String]) -> Result<ServeOptions, Failure> {
         max_attempts: 5,
         window: 64,
         fault_api: false,
+        vary_events: None,
         limits: serve::Limits::default(),
         tls: None,
     };
@@ -156,6 +161,7 @@ fn parse_serve(args: &[String]) -> Result<ServeOptions, Failure> {
                 o.limits.max_connections = number(flag, it.next(), 1, 100_000)? as usize
             }
             "--enable-fault-api" => o.fault_api = true,
+            "--vary-events" => o.vary_events = Some(number(flag, it.next(), 0, u64::MAX)?),
             "--tls-cert" | "--tls-key" => {
                 let file = it
                     .next()
@@ -200,6 +206,7 @@ async fn serve(o: ServeOptions, dsn: String) -> Result<(), Failure> {
         max_attempts: o.max_attempts,
         window: o.window,
         fault_api: o.fault_api,
+        vary: o.vary_events.map(vary::Vary::new),
         wake: Notify::new(),
         drop_next_ack_reply: AtomicBool::new(false),
         drop_next_ack: AtomicBool::new(false),

@@ -124,6 +124,7 @@ pub fn cases() -> Vec<Case> {
         case!("concurrent-versions", Must, "R-STORE-6", "16 tasks whose views exist, each meeting three newer versions at once: every view at the highest", concurrent_versions),
         case!("same-id-other-content", Must, "R-STORE-2 R-STORE-4", "an event with an applied event's id and other content: never ACKed, the stored record unchanged", same_id_other_content),
         case!("same-version-other-id", Must, "R-STORE-6", "another event id for a version already applied: never ACKed, rolled back (no inbox row)", same_version_other_id),
+        case!("canonical-corpus", Must, "R-CANON-2 R-STORE-5", "every valid event of the published vectors and 240 drawn from the seed (non-ASCII, escapes, '/', control characters, UTF-16 name order, number forms, occurred_at offsets), sent byte for byte: each stored event, digest and view result is the form's", canonical_corpus),
         case!("needs-review", Must, "R-CANON-1", "NEEDS_REVIEW stays NEEDS_REVIEW in the view", needs_review),
         case!("exact-numbers", Must, "R-SCHEMA-4 R-CANON-2", "big integers and decimal text in a result kept byte for byte", exact_numbers),
         case!("utc", Must, "R-SCHEMA-6", "times stored in UTC while the server's time zone is +09:00", utc),
@@ -168,6 +169,10 @@ pub const MUTANTS: &[(&str, &str, &str)] = &[
     ("ack-early-sometimes", "every-ack-after-commit", "R-STORE-7"),
     ("split-commit", "cut-between-statements", "R-STORE-7"),
     ("reapplies-pruned", "pruned-redelivery", "R-STORE-12"),
+    ("escapes-non-ascii", "canonical-corpus", "R-CANON-2"),
+    ("escapes-slash", "canonical-corpus", "R-CANON-2"),
+    ("keeps-offset", "canonical-corpus", "R-CANON-2"),
+    ("utf8-key-order", "canonical-corpus", "R-CANON-2"),
 ];
 
 impl std::fmt::Debug for Case {
@@ -232,6 +237,7 @@ macro_rules! ensure {
 }
 
 mod cases;
+mod forms;
 pub mod report;
 mod world;
 

@@ -103,7 +103,12 @@ impl World {
         db: Provisioned,
         own: Option<(Provisioned, Server)>,
     ) -> World {
-        let args = platform_args(lease, budget);
+        let mut args = platform_args(lease, budget);
+        // Each world's platform writes its events another way, drawn from the run's seed.
+        static WORLDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let world = WORLDS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        args.push("--vary-events".into());
+        args.push(ctx.seed.wrapping_add(world).to_string());
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         // The platform's database lives beside the receiver's (testdb provisions both).
         let dsn = own.as_ref().map_or(&db, |(own, _)| own).runtime_url();

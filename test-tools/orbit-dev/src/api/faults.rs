@@ -30,9 +30,11 @@ pub(super) struct FaultRequest {
     /// still delivered where the original was.
     #[serde(rename = "type")]
     event_type: Option<String>,
+    /// For `inject-event`: the event's text, delivered byte for byte.
+    body: Option<String>,
 }
 
-const FAULTS: &str = "drop-next-ack-reply, drop-next-ack, stall-next-ack, close-stream-after-delivery, oversize-next-delivery, skip-next-result-check, duplicate-event or forge-event";
+const FAULTS: &str = "drop-next-ack-reply, drop-next-ack, stall-next-ack, close-stream-after-delivery, oversize-next-delivery, skip-next-result-check, duplicate-event, forge-event or inject-event";
 
 /// The forged event's `occurred_at`: no platform event carries it.
 const FORGED_AT: &str = "2001-02-03T04:05:06Z";
@@ -59,6 +61,17 @@ pub(super) async fn arm_fault(
             let (id, deliveries) = forge_event(&p, event_id, forged).await?;
             return Ok(Json(
                 serde_json::json!({"forged": event_id, "event_id": id, "deliveries": deliveries}),
+            ));
+        }
+        "inject-event" => {
+            let Some(body) = req.body else {
+                return Err(ApiError::invalid(
+                    "inject-event needs \"body\", the event's text",
+                ));
+            };
+            let (id, key, deliveries) = inject_event(&p, body).await?;
+            return Ok(Json(
+                serde_json::json!({"event_id": id, "key": key, "deliveries": deliveries}),
             ));
         }
         "close-stream-after-delivery" => p.close_after_delivery.store(true, Ordering::SeqCst),
@@ -208,4 +221,56 @@ async fn forge_event(
     tx.commit().await?;
     p.wake.notify_waiters();
     Ok((id, ids))
+}
+
+/// Fault: an event whose text the caller wrote, stored and delivered byte for byte (what a
+/// platform with another JSON writer would send: other member orders, escapes, whitespace,
+/// `occurred_at` offsets), to every enabled subscription of the namespace and queue it names
+/// that takes its type. It must be a JSON object whose `namespace`, `queue_id`, `type` and
+/// `task_id` are strings; nothing else is checked (a test may inject an event a receiver must
+/// refuse). Stored under a platform key of its own, which deliveries name. The id its `id`
+/// member holds (empty when it has none), the key, and the new deliveries' ids.
+async fn inject_event(p: &Platform, body: String) -> ApiResult<(String, String, Vec<String>)> {
+    if body.len() > super::MAX_EVENT_BYTES {
+        return Err(ApiError::invalid(format!(
+            "inject-event: the body is {} bytes; the limit is {}",
+            body.len(),
+            super::MAX_EVENT_BYTES
+        )));
+    }
+    // Raw values: numbers past any float (1e400) are the caller's to send.
+    let parsed: BTreeMap<String, Box<RawValue>> = serde_json::from_str(&body).map_err(|e| {
+        ApiError::invalid(format!("inject-event: the body is not a JSON object: {e}"))
+    })?;
+    let member = |name: &str| -> ApiResult<String> {
+        parsed
+            .get(name)
+            .and_then(|v| serde_json::from_str::<String>(v.get()).ok())
+            .ok_or_else(|| {
+                ApiError::invalid(format!(
+                    "inject-event: the body needs a string member {name:?}"
+                ))
+            })
+    };
+    let (namespace, queue) = (member("namespace")?, member("queue_id")?);
+    let (event_type, task_id) = (member("type")?, member("task_id")?);
+    let id = member("id").unwrap_or_default();
+    let key = crate::db::random_hex(16);
+    let mut tx = p.pool.begin().await?;
+    sqlx::query(
+        "INSERT INTO orbit_events (id, namespace, queue_id, task_id, event_type, body, created_at) \
+         VALUES (?, ?, ?, ?, ?, ?, UTC_TIMESTAMP(6))",
+    )
+    .bind(&key)
+    .bind(&namespace)
+    .bind(&queue)
+    .bind(&task_id)
+    .bind(&event_type)
+    .bind(body.as_bytes())
+    .execute(&mut *tx)
+    .await?;
+    let ids = deliver(p, &mut tx, &namespace, &queue, &key, &event_type, &task_id).await?;
+    tx.commit().await?;
+    p.wake.notify_waiters();
+    Ok((id, key, ids))
 }

@@ -47,6 +47,8 @@ pub struct Platform {
     pub max_attempts: u32,
     pub window: u32,
     pub fault_api: bool,
+    /// `--vary-events`: how each emitted event is written (otherwise compact, UTC).
+    pub vary: Option<crate::vary::Vary>,
     /// Woken whenever deliveries may have become available.
     pub wake: Notify,
     /// Fault: process the next ACK but drop its reply (and the stream).

@@ -203,7 +203,7 @@ async fn emit(
     let event_id = random_hex(16);
     let state: String = row.try_get_unchecked("state")?;
     let now: String = row.try_get_unchecked("now")?;
-    let body = serde_json::to_string(&Event {
+    let event = Event {
         id: &event_id,
         event_type,
         namespace: &namespace,
@@ -213,8 +213,26 @@ async fn emit(
         state: &state,
         occurred_at: &now,
         result: result.as_deref(),
-    })
-    .map_err(|e| ApiError::invalid(e.to_string()))?;
+    };
+    let body = match &p.vary {
+        None => serde_json::to_string(&event).map_err(|e| ApiError::invalid(e.to_string()))?,
+        Some(vary) => {
+            let text = |s: &str| serde_json::Value::from(s).to_string();
+            let mut members = vec![
+                ("id", text(event.id)),
+                ("type", text(event.event_type)),
+                ("namespace", text(event.namespace)),
+                ("queue_id", text(event.queue_id)),
+                ("task_id", text(event.task_id)),
+                ("task_version", event.task_version.to_string()),
+                ("state", text(event.state)),
+            ];
+            if let Some(r) = event.result {
+                members.push(("result", r.get().to_owned()));
+            }
+            vary.render(members, event.occurred_at)
+        }
+    };
     if body.len() > MAX_EVENT_BYTES {
         return Err(ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,

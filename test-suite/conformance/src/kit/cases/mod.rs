@@ -1,11 +1,13 @@
 //! The kit's cases, in groups; each returns a [`super::Verdict`] whose error names the rule.
 
+mod corpus;
 mod faults;
 mod lifecycle;
 mod refusals;
 mod schema;
 mod store;
 
+pub(crate) use corpus::*;
 pub(crate) use faults::*;
 pub(crate) use lifecycle::*;
 pub(crate) use refusals::*;
