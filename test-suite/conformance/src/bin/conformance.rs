@@ -15,7 +15,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use conformance::kit::report::{self, CaseResult, Expected};
-use conformance::kit::{cases, Ctx};
+use conformance::kit::{cases, Ctx, Level};
 
 const USAGE: &str = "usage: conformance run --receiver 'COMMAND LINE' [--only CASE[,CASE…]] [--seed N] [--junit FILE] [--json FILE] [--expect FILE] [--strict] [--keep-logs DIR]\n       conformance mutants --receiver-mutant PATH\n       conformance list\n       conformance <command> --help";
 
@@ -209,7 +209,10 @@ fn run_case(
 struct Ran {
     name: &'static str,
     rules: &'static str,
+    /// The failure's level (the rule's it names, never lower than the case's), or the case's.
     level: conformance::kit::Level,
+    /// The case's own level.
+    case_level: conformance::kit::Level,
     seconds: f64,
     verdict: Result<String, String>,
     /// The expectations file's reason, when it says this case fails.
@@ -395,7 +398,11 @@ fn main() -> ExitCode {
         ran.push(Ran {
             name: case.name,
             rules: case.rules,
-            level: case.level,
+            level: match &verdict {
+                Err(why) => case.level.of_failure(why),
+                Ok(_) => case.level,
+            },
+            case_level: case.level,
             seconds,
             verdict,
             expected: o
@@ -439,10 +446,16 @@ fn main() -> ExitCode {
     for r in &ran {
         match (&r.verdict, r.result().outcome()) {
             (Err(why), report::Outcome::Failed) => {
-                let counts = if r.result().outcome().fails_run(r.level, o.strict) {
-                    ""
-                } else {
-                    " (a SHOULD: fails the run only with --strict)"
+                let counts = match (
+                    r.result().outcome().fails_run(r.level, o.strict),
+                    r.level,
+                    r.case_level,
+                ) {
+                    (false, _, _) => " (a SHOULD: fails the run only with --strict)",
+                    (true, Level::Must, Level::Should) => {
+                        " (a MUST rule, found by a SHOULD case: it fails the run without --strict)"
+                    }
+                    _ => "",
                 };
                 println!("FAILED {} [{}]{counts}: {why}", r.name, r.level.as_str());
             }
@@ -570,6 +583,7 @@ mod tests {
                 name: "first-receipt",
                 rules: "R-STORE-7",
                 level: conformance::kit::Level::Must,
+                case_level: conformance::kit::Level::Must,
                 seconds: 0.5,
                 verdict: Ok("ACKed & <fine>".into()),
                 expected: None,
@@ -578,6 +592,7 @@ mod tests {
                 name: "stale-version",
                 rules: "R-STORE-6",
                 level: conformance::kit::Level::Must,
+                case_level: conformance::kit::Level::Must,
                 seconds: 1.0,
                 verdict: Err("R-STORE-6: \"v1\" moved the view\nsecond line\u{1}".into()),
                 expected: None,

@@ -42,6 +42,11 @@ pub enum Level {
     Should,
 }
 
+/// The rules that are this project's own, stricter choices (SHOULD): identities compared byte
+/// for byte, the outage hold, a redelivery after a prune, configuration refused. Every other
+/// rule is the source design's (MUST).
+pub const SHOULD_RULES: &[&str] = &["R-SCHEMA-7", "R-STORE-9", "R-STORE-12", "R-CLI-5"];
+
 impl Level {
     pub fn as_str(self) -> &'static str {
         match self {
@@ -49,6 +54,33 @@ impl Level {
             Level::Should => "SHOULD",
         }
     }
+
+    /// The level of a failure whose message is `why`, in a case of this level: the level of
+    /// the rule the message names first (R-KIT-4), never lower than the case's. A SHOULD case
+    /// that finds a MUST rule broken (an ACK with no committed row seen during the outage
+    /// case, say) fails the run without `--strict`; a message naming no rule (the kit's own
+    /// error) keeps the case's level.
+    pub fn of_failure(self, why: &str) -> Level {
+        if self == Level::Must {
+            return Level::Must;
+        }
+        match rule_named(why) {
+            Some(rule) if !SHOULD_RULES.contains(&rule) => Level::Must,
+            _ => self,
+        }
+    }
+}
+
+/// The rule a failure's message begins with (`R-STORE-7` of "R-STORE-7: …" or
+/// "R-CANON-2 (O4: …): …"), if any.
+pub fn rule_named(why: &str) -> Option<&str> {
+    let rest = why.strip_prefix("R-")?;
+    let letters = rest.find(|c: char| !c.is_ascii_uppercase())?;
+    let digits = rest[letters..].strip_prefix('-')?;
+    let n = digits
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(digits.len());
+    (letters > 0 && n > 0).then(|| &why[..2 + letters + 1 + n])
 }
 
 /// ACKs the platform refused in the worlds of the case running now (the kit runs one case at
@@ -234,6 +266,41 @@ macro_rules! ensure {
             return Err(format!($($msg)+));
         }
     };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failure_takes_the_level_of_the_rule_it_names() {
+        assert_eq!(rule_named("R-STORE-7: no row"), Some("R-STORE-7"));
+        assert_eq!(rule_named("R-CANON-2 (O4: …): x"), Some("R-CANON-2"));
+        assert_eq!(
+            rule_named("the kit could not run the case: R-STORE-7"),
+            None
+        );
+        assert_eq!(rule_named("R-: x"), None);
+        let should = Level::Should;
+        assert_eq!(
+            should.of_failure("R-STORE-7: ACKed with no row"),
+            Level::Must
+        );
+        assert_eq!(
+            should.of_failure("R-STORE-9: kept taking deliveries"),
+            Level::Should
+        );
+        assert_eq!(
+            should.of_failure("the kit could not run the case"),
+            Level::Should
+        );
+        assert_eq!(Level::Must.of_failure("R-CLI-5: x"), Level::Must);
+        // Every SHOULD case names SHOULD rules first, so that its own failure stays a SHOULD.
+        for case in cases().into_iter().filter(|c| c.level == Level::Should) {
+            let first = case.rules.split(' ').next().unwrap_or_default();
+            assert!(SHOULD_RULES.contains(&first), "{}: {first}", case.name);
+        }
+    }
 }
 
 mod cases;
