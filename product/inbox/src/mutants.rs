@@ -90,11 +90,16 @@ pub enum Mutant {
     /// Members are sorted by their names' UTF-8 bytes, not their UTF-16 code units (R-CANON-2,
     /// O2): the two differ only where a character above U+FFFF meets one in U+E000–U+FFFF.
     Utf8KeyOrder,
+    /// The apply runs under REPEATABLE READ and reads the view with a plain (non-locking)
+    /// SELECT inside its transaction, then writes it blindly from what it read: of two newer
+    /// versions applied at once, the lower may win (R-STORE-6). The most likely fault of a
+    /// fresh port; one at a time it behaves.
+    ReadBeforeLock,
 }
 
 impl Mutant {
     /// Every mutant, in the order the kit reports them.
-    pub const ALL: [Mutant; 28] = [
+    pub const ALL: [Mutant; 29] = [
         Mutant::AckBeforeCommit,
         Mutant::InsertIgnore,
         Mutant::NoDigestCompare,
@@ -123,6 +128,7 @@ impl Mutant {
         Mutant::EscapesSlash,
         Mutant::KeepsOffset,
         Mutant::Utf8KeyOrder,
+        Mutant::ReadBeforeLock,
     ];
 
     /// The name `RECEIVER_MUTANT` takes.
@@ -156,6 +162,7 @@ impl Mutant {
             Mutant::EscapesSlash => "escapes-slash",
             Mutant::KeepsOffset => "keeps-offset",
             Mutant::Utf8KeyOrder => "utf8-key-order",
+            Mutant::ReadBeforeLock => "read-before-lock",
         }
     }
 

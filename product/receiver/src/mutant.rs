@@ -89,7 +89,7 @@ pub async fn consume(
         );
     }
     let mut config = config.clone();
-    if is(Mutant::SplitCommit) {
+    if is(Mutant::SplitCommit) || is(Mutant::ReadBeforeLock) {
         let options =
             result_inbox::store::connect_options(&config.run.dsn).map_err(ConsumeError::Store)?;
         let _ = SPLIT_POOL.set(
@@ -237,6 +237,13 @@ fn apply<'a>(
                 Ok(event) => split_commit(store, &event, deadline).await,
                 Err(rejected) => rejected,
             },
+            Some(Mutant::ReadBeforeLock) => match parse(raw, store.queue()) {
+                Ok(event) => match read_before_lock(store, &event).await {
+                    Some(handled) => handled,
+                    None => delivery::apply(store, &event, Some(deadline)).await.1,
+                },
+                Err(rejected) => rejected,
+            },
             Some(Mutant::AcksRejected) => {
                 let h = apply_raw(store, raw, Some(deadline)).await.1;
                 match h.classification {
@@ -249,6 +256,87 @@ fn apply<'a>(
             }
             _ => apply_raw(store, raw, Some(deadline)).await.1,
         }
+    })
+}
+
+/// [`Mutant::ReadBeforeLock`]: one transaction under REPEATABLE READ on the mutant's own
+/// connections: the inbox row, a plain read of the view, then a blind write from that read.
+/// `None` when the event's inbox row exists already (or the row cannot be written): the
+/// program's own apply then decides (a duplicate, a conflict, an error).
+async fn read_before_lock(store: &Store, event: &result_inbox::TaskEvent) -> Option<Handled> {
+    let pool = SPLIT_POOL.get()?;
+    let (consumer, queue) = (store.consumer().as_str(), store.queue().as_str());
+    let (task, version) = (event.task().as_str(), event.version());
+    let mut conn = pool.acquire().await.ok()?;
+    sqlx::query("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        .execute(&mut *conn)
+        .await
+        .ok()?;
+    let mut tx = sqlx::Connection::begin(&mut *conn).await.ok()?;
+    sqlx::query(result_inbox::store::INSERT_INBOX)
+        .bind(consumer)
+        .bind(queue)
+        .bind(event.id().as_str())
+        .bind(&event.digest().0[..])
+        .bind(event.canonical())
+        .execute(&mut *tx)
+        .await
+        .ok()?;
+    let seen: Option<u64> = sqlx::query_scalar(
+        "SELECT task_version FROM receiver_task_views \
+         WHERE consumer_name = ? AND queue_id = ? AND task_id = ?",
+    )
+    .bind(consumer)
+    .bind(queue)
+    .bind(task)
+    .fetch_optional(&mut *tx)
+    .await
+    .ok()?;
+    let written = match seen {
+        Some(v) if v >= version => sqlx::query(result_inbox::store::MARK_STALE)
+            .bind(consumer)
+            .bind(queue)
+            .bind(event.id().as_str())
+            .execute(&mut *tx)
+            .await
+            .map(|_| Classification::Stale),
+        // Blind: no condition on the version the row holds now.
+        Some(_) => sqlx::query(
+            "UPDATE receiver_task_views SET task_version = ?, last_event_id = ?, last_state = ?, \
+             last_result = ?, applied_events = applied_events + 1, updated_at = UTC_TIMESTAMP(6) \
+             WHERE consumer_name = ? AND queue_id = ? AND task_id = ?",
+        )
+        .bind(version)
+        .bind(event.id().as_str())
+        .bind(event.state().as_str())
+        .bind(event.result())
+        .bind(consumer)
+        .bind(queue)
+        .bind(task)
+        .execute(&mut *tx)
+        .await
+        .map(|_| Classification::Applied),
+        None => sqlx::query(result_inbox::store::UPSERT_VIEW)
+            .bind(consumer)
+            .bind(queue)
+            .bind(task)
+            .bind(version)
+            .bind(event.id().as_str())
+            .bind(event.state().as_str())
+            .bind(event.result())
+            .execute(&mut *tx)
+            .await
+            .map(|_| Classification::Applied),
+    };
+    let classification = written.ok()?;
+    tx.commit().await.ok()?;
+    Some(Handled {
+        classification,
+        event_id: Some(event.id().as_str().to_owned()),
+        reasons: Default::default(),
+        detail: None,
+        suspect_database: false,
+        releasable: false,
     })
 }
 

@@ -20,6 +20,8 @@ pub(crate) struct World {
     pub(crate) orbit: OrbitDev,
     pub(crate) client: orbit_sdk::Client,
     pub(crate) sub: SubscriptionId,
+    /// The namespace of the platform's credentials (the one injected events name).
+    pub(crate) namespace: String,
     /// Where consume connects: the database, or a proxy in front of it.
     pub(crate) dsn: Secret,
     pub(crate) dir: PathBuf,
@@ -124,8 +126,10 @@ impl World {
             .parent()
             .expect("a scratch directory")
             .to_path_buf();
+        let namespace = orbit.credentials().namespace;
         World {
             receiver: ctx.receiver.clone(),
+            namespace,
             orbit,
             client,
             sub,
@@ -361,6 +365,29 @@ impl World {
             .iter()
             .filter_map(|d| d.as_str().map(DeliveryId::from))
             .collect()
+    }
+
+    /// Injects a `task.started` event (`id`, task, version) through orbit-dev's
+    /// `inject-event`: its platform key and its deliveries.
+    pub(crate) fn inject(
+        &self,
+        (id, task, version): &(String, String, u64),
+    ) -> (String, Vec<DeliveryId>) {
+        let body = serde_json::json!({
+            "id": id, "type": "task.started", "namespace": self.namespace, "queue_id": QUEUE,
+            "task_id": task, "task_version": version, "state": "RUNNING",
+            "occurred_at": "2026-12-06T01:02:03.456Z",
+        });
+        let reply =
+            self.fault(serde_json::json!({"fault": "inject-event", "body": body.to_string()}));
+        let key = reply["key"].as_str().expect("a platform key").to_owned();
+        let deliveries = reply["deliveries"]
+            .as_array()
+            .expect("deliveries")
+            .iter()
+            .filter_map(|d| d.as_str().map(DeliveryId::from))
+            .collect();
+        (key, deliveries)
     }
 
     /// The deliveries of platform event `event` (its key).

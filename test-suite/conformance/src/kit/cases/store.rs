@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use commit_proxy::{Action, On, RuleSpec};
 use orbit_sdk::DeliveryId;
 use result_inbox::Digest;
 use serde_json::value::RawValue;
@@ -366,70 +367,103 @@ pub(crate) async fn utc(ctx: Ctx) -> Verdict {
     Ok("received_at and updated_at in UTC with the server at +09:00".into())
 }
 
-/// Tasks of `concurrent-versions`.
-const CONCURRENT_TASKS: usize = 16;
+/// Tasks of each kind in `concurrent-versions`.
+const CONCURRENT_TASKS: usize = 8;
+/// How long the proxy holds the answer to each statement on the view in `concurrent-versions`:
+/// a transaction that read the view without a lock and writes it after the answer leaves this
+/// long for a competing one to read the same.
+const VIEW_HELD_MS: u64 = 200;
 
+/// Three races, each made certain rather than left to timing: the proxy holds the answer to
+/// every statement that names `receiver_task_views` for [`VIEW_HELD_MS`], so that any two
+/// applies of one task that overlap at all overlap across their read and their write, whatever
+/// the receiver's design and isolation level. Newer versions arrive highest first, so that a
+/// write from a stale read always lands a lower version last:
+/// - tasks whose views exist at v2, each meeting v5, v4, v3 at once;
+/// - new tasks whose first three events (v5, v4, v3) arrive at once;
+/// - new tasks whose first event arrives twice at once (the duplicate race).
+///
+/// A receiver that locks the view row before it reads it (or writes it in one conditional
+/// statement) is slowed, never wrong; one that reads before it locks loses an update on every
+/// run; one that applies one delivery at a time never races and passes.
 pub(crate) async fn concurrent_versions(ctx: Ctx) -> Verdict {
-    let mut w = World::start(&ctx, SHORT_LEASE).await;
+    let mut w = World::start(&ctx, 10).await;
+    let proxy = w.behind_proxy().await;
+    let mut rule = RuleSpec::new(Action::Delay {
+        delay_ms: VIEW_HELD_MS,
+    })
+    .on(On::Any);
+    rule.contains = Some("receiver_task_views".into());
+    proxy.arm(rule).expect("the rule arms");
     let _p = w.running().await?;
-    // Every task's view exists first, at version 2 (task.started).
-    let mut tasks = Vec::new();
-    for _ in 0..CONCURRENT_TASKS {
-        let task = w
-            .client
-            .submit_task(QUEUE, None)
-            .await
-            .expect("task submitted");
-        w.client
-            .report_task(&task.id, "RUNNING", None)
-            .await
-            .expect("task started");
-        tasks.push(task.id);
+    let run = ctx.seed % 100_000;
+    let task = |kind: &str, i: usize| format!("race-{kind}-{run}-{i}");
+    let started = |t: &str, v: u64| (format!("{t}-v{v}"), t.to_owned(), v);
+    // The existing views, at v2.
+    let mut first = Vec::new();
+    for i in 0..CONCURRENT_TASKS {
+        first.extend(w.inject(&started(&task("old", i), 2)).1);
     }
-    let mut started = Vec::new();
-    for task in &tasks {
-        started.push(w.wait_event_of(task, "task.started").await);
-    }
-    let ids: Vec<DeliveryId> = w.deliveries().await.into_iter().map(|d| d.id).collect();
-    w.acked(&ids, Duration::from_secs(30), "R-STORE-7").await?;
-    // Then three newer versions of each, made back to back so that they are applied at once:
-    // versions 4 and 5 (task.started again under new ids, from orbit-dev's forge-event) and
-    // the task's own version 3 (task.succeeded).
-    for (task, key) in tasks.iter().zip(&started) {
-        for version in [4, 5] {
-            w.forge(key, false, Some(version));
+    w.acked(&first, Duration::from_secs(30), "R-STORE-7")
+        .await?;
+    // Then every race at once.
+    let mut ids = Vec::new();
+    for i in 0..CONCURRENT_TASKS {
+        for kind in ["old", "new"] {
+            for v in [5, 4, 3] {
+                ids.extend(w.inject(&started(&task(kind, i), v)).1);
+            }
         }
-        w.client
-            .report_task(task, "SUCCEEDED", None)
-            .await
-            .expect("task succeeded");
+        let twice = started(&task("dup", i), 2);
+        let (key, once) = w.inject(&twice);
+        ids.extend(once);
+        ids.extend(w.redeliver(&key));
     }
-    let ids: Vec<DeliveryId> = w.deliveries().await.into_iter().map(|d| d.id).collect();
     ensure!(
-        ids.len() == CONCURRENT_TASKS * 4,
+        ids.len() == CONCURRENT_TASKS * 8,
         "the kit made {} deliveries, not {}",
         ids.len(),
-        CONCURRENT_TASKS * 4
+        CONCURRENT_TASKS * 8
     );
-    w.acked(&ids, Duration::from_secs(60), "R-STORE-6").await?;
+    w.acked(&ids, Duration::from_secs(90), "R-STORE-6").await?;
     let mut lost = Vec::new();
-    for task in &tasks {
-        match w.view(task).await {
-            Some(v) if v.version == 5 && v.applied_events >= 2 => {}
-            Some(v) => lost.push(format!(
-                "task {task} at version {} (applied_events {})",
-                v.version, v.applied_events
+    let mut doubled = Vec::new();
+    for i in 0..CONCURRENT_TASKS {
+        for (kind, least) in [("old", 2), ("new", 1)] {
+            let t = task(kind, i);
+            match w.view(&t).await {
+                Some(v) if v.version == 5 && v.applied_events >= least => {}
+                Some(v) => lost.push(format!(
+                    "{t} at version {} (applied_events {})",
+                    v.version, v.applied_events
+                )),
+                None => lost.push(format!("{t} has no view")),
+            }
+        }
+        let t = task("dup", i);
+        let rows = w.inbox(&format!("{t}-v2")).await.len();
+        match w.view(&t).await {
+            Some(v) if v.version == 2 && v.applied_events == 1 && rows == 1 => {}
+            v => doubled.push(format!(
+                "{t}: {rows} inbox row(s), view {:?}",
+                v.map(|v| (v.version, v.applied_events))
             )),
-            None => lost.push(format!("task {task} has no view")),
         }
     }
     ensure!(
         lost.is_empty(),
-        "R-STORE-6: versions 3, 4 and 5 of each task applied at once must leave its view at 5 (only a higher version advances it, atomically): {} of {CONCURRENT_TASKS} lost an update: {}",
+        "R-STORE-6: versions 5, 4 and 3 of a task applied at once must leave its view at 5 (only a higher version advances it: lock the view row before reading it, or write it in one conditional statement); with each statement on the view answered {VIEW_HELD_MS} ms late, {} of {} tasks lost an update: {}",
         lost.len(),
+        CONCURRENT_TASKS * 2,
         lost.join(", ")
     );
+    ensure!(
+        doubled.is_empty(),
+        "R-STORE-4: one event delivered twice at once must be recorded once and advance its view once (applied_events 1); with each statement on the view answered {VIEW_HELD_MS} ms late, {} of {CONCURRENT_TASKS} were not: {}",
+        doubled.len(),
+        doubled.join(", ")
+    );
     Ok(format!(
-        "{CONCURRENT_TASKS} tasks, each view at v2 meeting v3, v4 and v5 at once: every view at v5"
+        "each statement on the view answered {VIEW_HELD_MS} ms late: {CONCURRENT_TASKS} views at v2 meeting v5, v4, v3 at once, {CONCURRENT_TASKS} new tasks whose first three versions came at once, all at v5; {CONCURRENT_TASKS} events delivered twice at once, each applied once"
     ))
 }
