@@ -95,11 +95,14 @@ pub enum Mutant {
     /// versions applied at once, the lower may win (R-STORE-6). The most likely fault of a
     /// fresh port; one at a time it behaves.
     ReadBeforeLock,
+    /// Once three deliveries have failed (refused, a conflict, an unconfirmed COMMIT, …),
+    /// every later apply hangs: `consume` takes its window and then nothing more (R-CLI-6).
+    StopsAfterFailures,
 }
 
 impl Mutant {
     /// Every mutant, in the order the kit reports them.
-    pub const ALL: [Mutant; 29] = [
+    pub const ALL: [Mutant; 30] = [
         Mutant::AckBeforeCommit,
         Mutant::InsertIgnore,
         Mutant::NoDigestCompare,
@@ -129,6 +132,7 @@ impl Mutant {
         Mutant::KeepsOffset,
         Mutant::Utf8KeyOrder,
         Mutant::ReadBeforeLock,
+        Mutant::StopsAfterFailures,
     ];
 
     /// The name `RECEIVER_MUTANT` takes.
@@ -163,6 +167,7 @@ impl Mutant {
             Mutant::KeepsOffset => "keeps-offset",
             Mutant::Utf8KeyOrder => "utf8-key-order",
             Mutant::ReadBeforeLock => "read-before-lock",
+            Mutant::StopsAfterFailures => "stops-after-failures",
         }
     }
 

@@ -149,6 +149,7 @@ pub async fn consume(
 /// - [`Mutant::NoEventQueueCheck`] applies the event as if it named the configured queue;
 /// - [`Mutant::LostUpdate`] also writes the view from a read made before the transaction;
 /// - [`Mutant::SplitCommit`] commits the inbox row and the view apart ([`split_commit`]);
+/// - [`Mutant::StopsAfterFailures`] hangs every apply once three have failed;
 /// - the others apply as the program does (their changes are in the store's statements).
 fn apply<'a>(
     store: &'a Store,
@@ -156,6 +157,17 @@ fn apply<'a>(
     deadline: Instant,
 ) -> Pin<Box<dyn Future<Output = Handled> + Send + 'a>> {
     Box::pin(async move {
+        static FAILED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        if is(Mutant::StopsAfterFailures) {
+            if FAILED.load(std::sync::atomic::Ordering::SeqCst) >= 3 {
+                std::future::pending::<()>().await;
+            }
+            let h = apply_raw(store, raw, Some(deadline)).await.1;
+            if !h.classification.acks() {
+                FAILED.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }
+            return h;
+        }
         static APPLIED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let early = match active() {
             Some(Mutant::AckBeforeCommit) => true,

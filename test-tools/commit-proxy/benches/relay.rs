@@ -5,7 +5,7 @@
 //! (the floor any userspace proxy pays for the extra hop on this machine); and through the
 //! `commit-proxy` binary, a process of its own as other teams run it. Criterion reports the time
 //! per query of each; the summary at the end measures all of them again in alternating rounds
-//! and prints the throughput ratios the README quotes. Run with `make bench-proxy` (or `cargo bench -p commit-proxy`).
+//! and prints the throughput ratios docs/commit-proxy.md quotes. Run with `make bench-proxy` (or `cargo bench -p commit-proxy`).
 
 use std::time::{Duration, Instant};
 

@@ -211,6 +211,7 @@ async fn serve(o: ServeOptions, dsn: String) -> Result<(), Failure> {
         drop_next_ack_reply: AtomicBool::new(false),
         drop_next_ack: AtomicBool::new(false),
         stall_next_ack: AtomicBool::new(false),
+        refuse_next_ack: AtomicBool::new(false),
         close_after_delivery: AtomicBool::new(false),
         oversize_next_delivery: AtomicBool::new(false),
         skip_next_result_check: AtomicBool::new(false),

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use conformance::kit::report::{self, CaseResult, Expected};
 use conformance::kit::{cases, Ctx, Level};
 
-const USAGE: &str = "usage: conformance run --receiver 'COMMAND LINE' [--only CASE[,CASE…]] [--seed N] [--junit FILE] [--json FILE] [--expect FILE] [--strict] [--keep-logs DIR]\n       conformance mutants --receiver-mutant PATH\n       conformance list\n       conformance <command> --help";
+const USAGE: &str = "usage: conformance run --receiver 'COMMAND LINE' [--only CASE[,CASE…]] [--seed N] [--junit FILE] [--json FILE] [--expect FILE] [--strict] [--keep-logs DIR]\n       conformance mutants --receiver-mutant PATH [--runs N] [--only MUTANT[,MUTANT…]] [--seed N]\n       conformance list\n       conformance <command> --help";
 
 const RUN_HELP: &str = "usage: conformance run --receiver 'COMMAND LINE' [--only CASE[,CASE…]] [--seed N] [--junit FILE] [--json FILE] [--expect FILE] [--strict] [--keep-logs DIR]
 
@@ -35,11 +35,13 @@ otherwise, 2 for a bad command line or an unwritable report.
   --keep-logs DIR    where the receiver's output of each failed case is kept (one directory a
                      case; default target/kit/logs); a passed case's is removed";
 
-const MUTANTS_HELP: &str = "usage: conformance mutants --receiver-mutant PATH
+const MUTANTS_HELP: &str = "usage: conformance mutants --receiver-mutant PATH [--runs N] [--only MUTANT[,MUTANT…]] [--seed N]
 
 Runs each mutant of our receiver (PATH, built by `make mutant-build`; RECEIVER_MUTANT picks the
-rule it breaks) against the case aimed at it, which must fail naming that rule. Exit 0 when
-every mutant is caught, 1 otherwise, 2 for a bad command line.";
+rule it breaks) against the case aimed at it, which must fail naming that rule, N times (1 by
+default), run k with seed N+k (N drawn from the clock unless --seed). A mutant counts as caught
+only if every run caught it. Exit 0 when every mutant is caught, 1 otherwise, 2 for a bad
+command line.";
 
 const LIST_HELP: &str = "usage: conformance list
 
@@ -65,8 +67,76 @@ struct Options {
 /// What the command line asks for.
 enum Asked {
     Run(Options),
-    Mutants(String),
+    Mutants(MutantOptions),
     Nothing,
+}
+
+/// What `conformance mutants` was asked.
+#[derive(Debug)]
+struct MutantOptions {
+    bin: String,
+    runs: u64,
+    only: Option<Vec<String>>,
+    seed: u64,
+}
+
+fn parse_mutants(args: &[String]) -> Result<MutantOptions, String> {
+    let names: Vec<&str> = conformance::kit::MUTANTS.iter().map(|m| m.0).collect();
+    let (mut bin, mut runs, mut only, mut seed) = (None, 1, None, None);
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let mut value = |what: &str| {
+            it.next()
+                .cloned()
+                .filter(|v| !v.is_empty())
+                .ok_or(format!("{a} needs {what}"))
+        };
+        match a.as_str() {
+            "--receiver-mutant" => bin = Some(value("a path")?),
+            "--runs" => {
+                let v = value("a number")?;
+                runs = v
+                    .parse()
+                    .ok()
+                    .filter(|n| (1..=1000).contains(n))
+                    .ok_or(format!("--runs {v:?} is not a number from 1 to 1000"))?;
+            }
+            "--seed" => {
+                let v = value("a number")?;
+                seed = Some(
+                    v.parse()
+                        .map_err(|_| format!("--seed {v:?} is not a whole number"))?,
+                );
+            }
+            "--only" => {
+                let list: Vec<String> = value("MUTANT[,MUTANT…]")?
+                    .split(',')
+                    .map(str::to_owned)
+                    .collect();
+                if let Some(bad) = list.iter().find(|n| !names.contains(&n.as_str())) {
+                    return Err(format!(
+                        "--only: no mutant {bad:?}; mutants: {}",
+                        names.join(", ")
+                    ));
+                }
+                only = Some(list);
+            }
+            other => return Err(format!("unknown argument {other:?}\n{MUTANTS_HELP}")),
+        }
+    }
+    Ok(MutantOptions {
+        bin: bin.ok_or(format!("--receiver-mutant is required\n{MUTANTS_HELP}"))?,
+        runs,
+        only,
+        seed: seed.unwrap_or_else(clock_seed),
+    })
+}
+
+/// A seed from the clock, when none is given.
+fn clock_seed() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(1, |d| d.as_nanos() as u64)
 }
 
 fn parse(args: &[String]) -> Result<Asked, String> {
@@ -97,13 +167,7 @@ fn parse(args: &[String]) -> Result<Asked, String> {
             return Ok(Asked::Nothing);
         }
         Some("run") => {}
-        Some("mutants") => {
-            let bin = match (args.get(1).map(String::as_str), args.get(2)) {
-                (Some("--receiver-mutant"), Some(bin)) if args.len() == 3 => bin.clone(),
-                _ => return Err(USAGE.into()),
-            };
-            return Ok(Asked::Mutants(bin));
-        }
+        Some("mutants") => return parse_mutants(&args[1..]).map(Asked::Mutants),
         Some("--help") | Some("-h") => {
             println!("{USAGE}");
             return Ok(Asked::Nothing);
@@ -163,11 +227,7 @@ fn parse(args: &[String]) -> Result<Asked, String> {
         }
     }
     let receiver = receiver.ok_or(format!("--receiver is required\n{USAGE}"))?;
-    let seed = seed.unwrap_or_else(|| {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(1, |d| d.as_nanos() as u64)
-    });
+    let seed = seed.unwrap_or_else(clock_seed);
     Ok(Asked::Run(Options {
         receiver,
         only,
@@ -316,7 +376,7 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let o = match parse(&args) {
         Ok(Asked::Run(o)) => o,
-        Ok(Asked::Mutants(bin)) => return mutants(&bin),
+        Ok(Asked::Mutants(o)) => return mutants(&o),
         Ok(Asked::Nothing) => return ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("conformance: {e}");
@@ -496,9 +556,11 @@ fn main() -> ExitCode {
     }
 }
 
-/// `conformance mutants`: each mutant against the case aimed at it, which must fail with a
-/// message naming the rule the mutant breaks. A mutant the kit does not catch fails the run.
-fn mutants(bin: &str) -> ExitCode {
+/// `conformance mutants`: each mutant against the case aimed at it, `runs` times with seeds
+/// `seed`, `seed + 1`, …; every run must fail with a message naming the rule the mutant
+/// breaks. A mutant the kit does not catch in every run fails the run.
+fn mutants(o: &MutantOptions) -> ExitCode {
+    let bin = o.bin.as_str();
     if !std::path::Path::new(bin).is_file() {
         eprintln!("conformance: {bin} is missing: `make mutant-build` builds it");
         return ExitCode::from(2);
@@ -509,48 +571,73 @@ fn mutants(bin: &str) -> ExitCode {
     let started = Instant::now();
     let mut missed = 0;
     let mut rows = Vec::new();
-    for (mutant, case, rule) in conformance::kit::MUTANTS {
+    let selected = conformance::kit::MUTANTS.iter().filter(|(m, _, _)| {
+        o.only
+            .as_ref()
+            .is_none_or(|only| only.iter().any(|n| n == m))
+    });
+    for (mutant, case, rule) in selected {
         let case = all
             .iter()
             .find(|c| c.name == *case)
             .expect("the mutant table names a case");
-        let ctx = Ctx {
-            receiver: format!("env RECEIVER_MUTANT={mutant} {}", shell_quote(bin)),
-            seed: 1,
-            logs: None,
-        };
-        println!("conformance: mutant {mutant}: running {}", case.name);
         let t = Instant::now();
-        let verdict = run_case(&runtime, case, ctx);
-        let caught = matches!(&verdict, Err(why) if why.contains(rule));
+        let mut caught_runs = 0;
+        for run in 0..o.runs {
+            let seed = o.seed.wrapping_add(run);
+            let ctx = Ctx {
+                receiver: format!("env RECEIVER_MUTANT={mutant} {}", shell_quote(bin)),
+                seed,
+                logs: None,
+            };
+            println!(
+                "conformance: mutant {mutant}: running {} (seed {seed})",
+                case.name
+            );
+            let verdict = run_case(&runtime, case, ctx);
+            let caught = matches!(&verdict, Err(why) if why.contains(rule));
+            caught_runs += u64::from(caught);
+            let why = match &verdict {
+                Ok(saw) => format!("NOT CAUGHT: the case passed ({saw})"),
+                Err(why) if caught => why.clone(),
+                Err(why) => format!("NOT CAUGHT: the case failed without naming {rule}: {why}"),
+            };
+            println!("conformance: mutant {mutant}: {why}");
+        }
+        let caught = caught_runs == o.runs;
         if !caught {
             missed += 1;
         }
-        let why = match &verdict {
-            Ok(saw) => format!("NOT CAUGHT: the case passed ({saw})"),
-            Err(why) if caught => why.clone(),
-            Err(why) => format!("NOT CAUGHT: the case failed without naming {rule}: {why}"),
-        };
-        println!("conformance: mutant {mutant}: {why}");
-        rows.push((*mutant, case.name, *rule, caught, t.elapsed().as_secs_f64()));
+        rows.push((
+            *mutant,
+            case.name,
+            *rule,
+            caught_runs,
+            t.elapsed().as_secs_f64(),
+        ));
     }
     println!(
         "\n{:<26} {:<24} {:<11} {:>8} {:>8}",
         "mutant", "caught by", "rule", "result", "seconds"
     );
     for (mutant, case, rule, caught, seconds) in &rows {
-        println!(
-            "{mutant:<26} {case:<24} {rule:<11} {:>8} {seconds:>8.1}",
-            if *caught { "caught" } else { "MISSED" }
-        );
+        let result = match (*caught == o.runs, o.runs) {
+            (true, 1) => "caught".to_owned(),
+            (true, n) => format!("{n}/{n}"),
+            (false, 1) => "MISSED".to_owned(),
+            (false, n) => format!("MISSED {caught}/{n}"),
+        };
+        println!("{mutant:<26} {case:<24} {rule:<11} {result:>8} {seconds:>8.1}");
     }
     println!(
-        "{:<26} {:<24} {:<11} {:>8} {:>8.1}  (wall clock)",
+        "{:<26} {:<24} {:<11} {:>8} {:>8.1}  (wall clock; seeds {} to {})",
         "total",
         format!("{} of {} caught", rows.len() - missed, rows.len()),
         "",
         "",
-        started.elapsed().as_secs_f64()
+        started.elapsed().as_secs_f64(),
+        o.seed,
+        o.seed.wrapping_add(o.runs - 1)
     );
     if missed == 0 {
         ExitCode::SUCCESS
@@ -644,7 +731,13 @@ mod tests {
         assert!(
             err(&["run", "--receiver", "x", "--bogus"]).starts_with("unknown argument \"--bogus\"")
         );
-        assert!(err(&["mutants"]).starts_with("usage:"));
+        assert!(err(&["mutants"]).starts_with("--receiver-mutant is required"));
+        assert!(err(&["mutants", "--receiver-mutant", "m", "--runs", "0"])
+            .starts_with("--runs \"0\" is not a number from 1 to 1000"));
+        assert!(
+            err(&["mutants", "--receiver-mutant", "m", "--only", "nope"])
+                .starts_with("--only: no mutant \"nope\"; mutants: ack-before-commit,")
+        );
         assert!(
             err(&["run", "--receiver", "x", "--expect", "/no/such/file"])
                 .starts_with("--expect /no/such/file: ")

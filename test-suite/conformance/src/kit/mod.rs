@@ -87,6 +87,11 @@ pub fn rule_named(why: &str) -> Option<&str> {
 /// a time): counted as each world ends, from orbit-dev's `/metrics`.
 static REFUSED_ACKS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
+/// What the receiver printed that it must not (a token, a password, a lease proof), found in
+/// the worlds of the case running now as each ends ([`world::leak_in`]): every line of every
+/// case is read, not only the `no-secrets` case's.
+static LEAKS: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
 /// Where the kit's last panic happened (`file:line`), kept by the hook [`quiet_panics`]
 /// installs.
 static LAST_PANIC: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
@@ -166,6 +171,7 @@ pub fn cases() -> Vec<Case> {
         case!("refused-event", Must, "R-CANON-3 R-STORE-1 R-CLI-4", "an event the canonical form refuses (a member named twice): never ACKed, EXPIRED once its budget of 2 is spent, no inbox row, its id in the output", refused_event),
         case!("foreign-events", Must, "R-CANON-1", "on this subscription, an event naming another queue and one of an unknown type: each refused until its budget of 2 is spent, no inbox row, the view unchanged", foreign_events),
         case!("lost-ack-reply", Must, "R-SDK-2", "the answer to an ACK lost (the stream closed after it was recorded): the ACK sent again with the same proof is already_acked, one attempt", lost_ack_reply),
+        case!("after-failures", Must, "R-CLI-6 R-STORE-8", "a burst of failing deliveries (4 refused, 2 conflicts, a COMMIT whose answer is lost, one held 8 s past the apply's budget), then 20 good ones: every good one ACKed within 30 s, the two COMMITs resolved", after_failures),
         case!("database-restart", Should, "R-STORE-9", "the receiver's database killed for 12 s while events queue, a budget of 3: nothing lost, nothing doubled, no delivery past the 2 attempts a hold allows", database_restart),
         case!("sigterm", Must, "R-CLI-3", "SIGTERM ends consume within 10 s and leaves the subscription enabled", sigterm),
         case!("crash-loop", Must, "R-FAULT-4 R-STORE-4 R-STORE-6", "seeded SIGKILLs over duplicates and out-of-order versions, then a ledger check", crash_loop),
@@ -206,6 +212,7 @@ pub const MUTANTS: &[(&str, &str, &str)] = &[
     ("keeps-offset", "canonical-corpus", "R-CANON-2"),
     ("utf8-key-order", "canonical-corpus", "R-CANON-2"),
     ("read-before-lock", "concurrent-versions", "R-STORE-6"),
+    ("stops-after-failures", "after-failures", "R-CLI-6"),
 ];
 
 impl std::fmt::Debug for Case {
@@ -223,8 +230,21 @@ impl Case {
     /// must carry the proof of the delivery's current lease) and a pass notes it.
     pub async fn run(&self, ctx: Ctx) -> Verdict {
         REFUSED_ACKS.store(0, std::sync::atomic::Ordering::SeqCst);
+        let take_leaks = || {
+            LEAKS
+                .lock()
+                .map(|mut l| std::mem::take(&mut *l))
+                .unwrap_or_default()
+        };
+        take_leaks();
         let verdict = self.run_caught(ctx).await;
         let refused = REFUSED_ACKS.load(std::sync::atomic::Ordering::SeqCst);
+        // A secret printed fails any case, first.
+        let verdict = match (take_leaks().into_iter().next(), verdict) {
+            (None, v) => v,
+            (Some(leak), Ok(_)) => Err(leak),
+            (Some(leak), Err(why)) => Err(format!("{leak}; then: {why}")),
+        };
         match verdict {
             Err(why) if refused > 0 => Err(format!(
                 "R-SDK-2: the platform refused {refused} ACK(s) in this case (an ACK with the proof of a superseded or expired lease, or for no delivery): look there first; then: {why}"

@@ -1,6 +1,7 @@
 //! One case's world: its databases, its platform and subscription, the receiver's runs in it,
 //! and what the kit reads back from the platform and the two tables.
 
+use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -30,6 +31,9 @@ pub(crate) struct World {
     pub(crate) logs: Vec<PathBuf>,
     /// Where those outputs are copied when the world ends (the case's log directory).
     pub(crate) keep: Option<PathBuf>,
+    /// Secrets a case gave the receiver besides the world's own (a wrong password, say): the
+    /// scan at the world's end looks for them too.
+    pub(crate) extra_secrets: Vec<String>,
     /// Every `consume` this world started, to tell when one ended by itself.
     pub(crate) consumers: Vec<crate::process::Watch>,
     /// The receiver's databases on a server of the case's own, when it stops that server
@@ -68,6 +72,17 @@ impl Drop for World {
                             keep.join(format!("world-{world}-{}", name.to_string_lossy())),
                         );
                     }
+                }
+            }
+        }
+        // Every line the receiver printed in this world, whatever the case was about.
+        let proofs = self.proof_hashes_blocking();
+        for log in &self.logs {
+            let out = std::fs::read_to_string(log).unwrap_or_default();
+            if let Some(leak) = leak_in(&out, &self.secrets(), &proofs) {
+                let name = log.file_name().unwrap_or_default().to_string_lossy();
+                if let Ok(mut leaks) = super::LEAKS.lock() {
+                    leaks.push(format!("{leak} (in its output {name})"));
                 }
             }
         }
@@ -138,6 +153,7 @@ impl World {
             runs: 0,
             logs: Vec::new(),
             keep: ctx.logs.clone(),
+            extra_secrets: Vec::new(),
             consumers: Vec::new(),
             own,
         }
@@ -259,6 +275,59 @@ impl World {
         })
     }
 
+    /// What the receiver must never print: the platform token, the database passwords it was
+    /// given, and whatever the case added; each with the rule that forbids it and its name.
+    pub(crate) fn secrets(&self) -> Vec<(&'static str, &'static str, String)> {
+        let mut out = vec![
+            (
+                "R-SDK-3",
+                "the platform token",
+                self.orbit.credentials().token.expose().to_owned(),
+            ),
+            (
+                "R-STORE-11",
+                "a database password",
+                self.db().runtime.password.expose().to_owned(),
+            ),
+            (
+                "R-STORE-11",
+                "a database password",
+                self.db().init.password.expose().to_owned(),
+            ),
+        ];
+        for extra in &self.extra_secrets {
+            out.push(("R-STORE-11", "a database password", extra.clone()));
+        }
+        out.retain(|(_, _, s)| !s.is_empty());
+        out
+    }
+
+    /// The SHA-256 of every lease proof the platform handed out or accepted in this world.
+    pub(crate) async fn proof_hashes(&self) -> BTreeSet<Vec<u8>> {
+        let mut c = self.platform().await;
+        let proofs: Vec<ProofRow> =
+            sqlx::query_as("SELECT proof_sha256, acked_proof_sha256 FROM orbit_deliveries")
+                .fetch_all(&mut c)
+                .await
+                .expect("proof hashes read");
+        proofs
+            .into_iter()
+            .flat_map(|(a, b)| [a, b])
+            .flatten()
+            .collect()
+    }
+
+    /// [`World::proof_hashes`] from a world's drop: only on the kit's multi-threaded runtime
+    /// (none elsewhere).
+    fn proof_hashes_blocking(&self) -> BTreeSet<Vec<u8>> {
+        match tokio::runtime::Handle::try_current() {
+            Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+                tokio::task::block_in_place(|| h.block_on(self.proof_hashes()))
+            }
+            _ => BTreeSet::new(),
+        }
+    }
+
     /// Sets up the tables and starts consume.
     pub(crate) async fn running(&mut self) -> Result<Proc, String> {
         self.init().await?;
@@ -378,8 +447,13 @@ impl World {
             "task_id": task, "task_version": version, "state": "RUNNING",
             "occurred_at": "2026-12-06T01:02:03.456Z",
         });
-        let reply =
-            self.fault(serde_json::json!({"fault": "inject-event", "body": body.to_string()}));
+        self.inject_body(&body.to_string())
+    }
+
+    /// Injects an event whose text is `body`, delivered byte for byte (orbit-dev's
+    /// `inject-event`): its platform key and its deliveries.
+    pub(crate) fn inject_body(&self, body: &str) -> (String, Vec<DeliveryId>) {
+        let reply = self.fault(serde_json::json!({"fault": "inject-event", "body": body}));
         let key = reply["key"].as_str().expect("a platform key").to_owned();
         let deliveries = reply["deliveries"]
             .as_array()
@@ -591,19 +665,35 @@ pub(crate) fn difference(stored: &[u8], expected: &[u8]) -> String {
     )
 }
 
+/// What `out` (a receiver's output) holds that it must not: one of `secrets` (rule, name,
+/// value) or a word whose SHA-256 is one of `proofs` (a lease proof). The message names the
+/// rule and what kind of secret, never the secret.
+pub(crate) fn leak_in(
+    out: &str,
+    secrets: &[(&'static str, &'static str, String)],
+    proofs: &BTreeSet<Vec<u8>>,
+) -> Option<String> {
+    if let Some((rule, what, _)) = secrets.iter().find(|(_, _, s)| out.contains(s.as_str())) {
+        return Some(format!("{rule}: the receiver printed {what}"));
+    }
+    let words = out.split(|c: char| !(c.is_ascii_alphanumeric() || "-_+/=.".contains(c)));
+    for word in words {
+        if word.len() >= 16
+            && proofs.contains(result_inbox::Digest::of(word.as_bytes()).0.as_slice())
+        {
+            return Some("R-SDK-3: the receiver printed a lease proof".into());
+        }
+    }
+    None
+}
+
 /// The last three lines of a receiver's output, for a failure message, with the world's
 /// token and passwords masked: the kit never repeats a secret a receiver printed.
 pub(crate) fn last_lines(w: &World, out: &str) -> String {
     let lines: Vec<&str> = out.lines().rev().take(3).collect();
     let mut text = lines.into_iter().rev().collect::<Vec<_>>().join(" | ");
-    for hidden in [
-        w.orbit.credentials().token.expose().to_owned(),
-        w.db().runtime.password.expose().to_owned(),
-        w.db().init.password.expose().to_owned(),
-    ] {
-        if !hidden.is_empty() {
-            text = text.replace(&hidden, secret::MASK);
-        }
+    for (_, _, hidden) in w.secrets() {
+        text = text.replace(&hidden, secret::MASK);
     }
     if text.is_empty() {
         "no output".into()

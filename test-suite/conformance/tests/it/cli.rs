@@ -600,3 +600,41 @@ fn the_kit_blames_a_consume_that_exits_for_its_exit_and_keeps_its_output() {
     assert!(kept.iter().any(|f| f.ends_with("-consume.log")), "{kept:?}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// The kit reads every line a receiver prints in every case, not only in `no-secrets`: a
+/// receiver whose `consume` prints its DSN (password included) and then works fails
+/// `first-receipt`, naming the rule and the kind of secret and never repeating it.
+#[test]
+fn the_kit_fails_any_case_whose_receiver_printed_a_secret() {
+    let dir = testdb::scratch_dir().unwrap().join("kit-leaks");
+    std::fs::create_dir_all(&dir).unwrap();
+    let wrapper = dir.join("receiver.sh");
+    std::fs::write(
+        &wrapper,
+        format!(
+            "if [ \"$1\" = consume ]; then echo \"connecting to $ORBIT_RECEIVER_DSN\" >&2; fi\nexec {} \"$@\"\n",
+            receiver_bin().display()
+        ),
+    )
+    .unwrap();
+    let out = bare_command(&conformance::workspace_bin("conformance"))
+        .env("PATH", "/usr/bin:/bin")
+        .args(["run", "--receiver"])
+        .arg(format!("sh {}", wrapper.display()))
+        .args(["--only", "first-receipt", "--keep-logs"])
+        .arg(dir.join("logs"))
+        .output()
+        .expect("the kit runs");
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{stdout}{}", text(&out.stderr));
+    let failed = stdout
+        .lines()
+        .find(|l| l.starts_with("conformance: first-receipt: FAILED"))
+        .unwrap_or_else(|| panic!("{stdout}"));
+    assert!(
+        failed.contains("R-STORE-11: the receiver printed a database password (in its output receiver-2-consume.log)"),
+        "{failed}"
+    );
+    assert!(!stdout.contains("connecting to mysql://"), "{stdout}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

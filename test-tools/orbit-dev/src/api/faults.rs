@@ -34,7 +34,7 @@ pub(super) struct FaultRequest {
     body: Option<String>,
 }
 
-const FAULTS: &str = "drop-next-ack-reply, drop-next-ack, stall-next-ack, close-stream-after-delivery, oversize-next-delivery, skip-next-result-check, duplicate-event, forge-event or inject-event";
+const FAULTS: &str = "drop-next-ack-reply, drop-next-ack, stall-next-ack, refuse-next-ack, close-stream-after-delivery, oversize-next-delivery, skip-next-result-check, duplicate-event, forge-event or inject-event";
 
 /// The forged event's `occurred_at`: no platform event carries it.
 const FORGED_AT: &str = "2001-02-03T04:05:06Z";
@@ -48,6 +48,7 @@ pub(super) async fn arm_fault(
         "drop-next-ack-reply" => p.drop_next_ack_reply.store(true, Ordering::SeqCst),
         "drop-next-ack" => p.drop_next_ack.store(true, Ordering::SeqCst),
         "stall-next-ack" => p.stall_next_ack.store(true, Ordering::SeqCst),
+        "refuse-next-ack" => p.refuse_next_ack.store(true, Ordering::SeqCst),
         "forge-event" => {
             let Some(event_id) = req.event_id.as_deref() else {
                 return Err(ApiError::invalid("forge-event needs \"event_id\""));

@@ -57,6 +57,8 @@ pub struct Platform {
     pub drop_next_ack: AtomicBool,
     /// The next ACK is read and then neither recorded nor answered; its stream stays open.
     pub stall_next_ack: AtomicBool,
+    /// The next ACK is answered `refused` and not recorded; the delivery stays LEASED.
+    pub refuse_next_ack: AtomicBool,
     /// Fault: close the stream right after the next delivery is sent.
     pub close_after_delivery: AtomicBool,
     /// The next delivery sent is padded past any legal size (the oversize-next-delivery fault).

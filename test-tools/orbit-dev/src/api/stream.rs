@@ -8,7 +8,7 @@ use axum::extract::{Path, State};
 use axum::http::HeaderMap;
 use axum::response::Response;
 use futures_util::{FutureExt, SinkExt};
-use orbit_sdk::wire::{ClientMessage, ServerMessage, SCOPE_EVENTS_CONSUME};
+use orbit_sdk::wire::{AckResult, ClientMessage, ServerMessage, SCOPE_EVENTS_CONSUME};
 
 use super::auth::caller;
 use super::leasing::{ack_one, pending_count, turn, AckAnswer, Inbound, Lease};
@@ -226,6 +226,7 @@ const FRAME_BATCH: usize = 256;
 /// Whether one of the ACK faults is armed.
 fn faults_armed(p: &Platform) -> bool {
     p.stall_next_ack.load(Ordering::SeqCst)
+        || p.refuse_next_ack.load(Ordering::SeqCst)
         || p.drop_next_ack.load(Ordering::SeqCst)
         || p.drop_next_ack_reply.load(Ordering::SeqCst)
 }
@@ -250,6 +251,15 @@ async fn answer_one_by_one(
         if p.stall_next_ack.swap(false, Ordering::SeqCst) {
             // The ACK arrived and is never handled: the delivery stays LEASED until its
             // lease runs out, and the client waits for an answer.
+            continue;
+        }
+        if p.refuse_next_ack.swap(false, Ordering::SeqCst) {
+            // Answered as refused, never recorded (nor counted among the platform's refusals):
+            // the delivery stays LEASED until its lease runs out.
+            let why = Some("refused by the fault API (refuse-next-ack)".to_owned());
+            if !answer(socket, delivery_id, (AckResult::Refused, why)).await {
+                return false;
+            }
             continue;
         }
         if p.drop_next_ack.swap(false, Ordering::SeqCst) {

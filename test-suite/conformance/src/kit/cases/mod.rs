@@ -3,6 +3,7 @@
 mod corpus;
 mod faults;
 mod lifecycle;
+mod liveness;
 mod refusals;
 mod schema;
 mod store;
@@ -10,6 +11,7 @@ mod store;
 pub(crate) use corpus::*;
 pub(crate) use faults::*;
 pub(crate) use lifecycle::*;
+pub(crate) use liveness::*;
 pub(crate) use refusals::*;
 pub(crate) use schema::*;
 pub(crate) use store::*;
