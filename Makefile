@@ -2,7 +2,7 @@
 CARGO ?= cargo
 
 .DEFAULT_GOAL := help
-.PHONY: help deps check build fault-build mutant-build kit containers-inside release test unit integration integration-containers demo bench bench-proxy bench-prune bench-instructions soak nemesis failover
+.PHONY: help deps check build fault-build mutant-build kit kit-dist containers-inside release test unit integration integration-containers demo bench bench-proxy bench-prune bench-instructions soak nemesis failover
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -42,6 +42,9 @@ kit: deps build mutant-build ## The conformance kit against our receiver (every 
 	$(CARGO) run -q -p conformance --bin conformance -- run --receiver '$(KIT_RECEIVER)' --junit target/kit/report.xml --json target/kit/report.json $(KIT_ARGS)
 	$(CARGO) run -q -p conformance --bin conformance -- mutants --receiver-mutant target/debug/receiver-mutant
 
+kit-dist: ## The kit as a tarball for teams without this repository or Rust: target/dist/result-inbox-kit-<version>-x86_64-linux.tar.gz (the kit, orbit-dev, commit-proxy, the contract, a quick start)
+	@scripts/kit-dist
+
 test: deps build fault-build mutant-build release ## Every test: unit tests, every real-server suite (as make integration), then the conformance kit (as make kit)
 	$(CARGO) test --workspace --exclude conformance
 	$(CARGO) test -p testdb --features container --lib
@@ -63,7 +66,7 @@ integration: deps build fault-build mutant-build release ## Every real-server su
 # Under scripts/containers run: Debian's docker.io installed if missing, an isolated engine of
 # our own, the local MariaDB image (cached in target/containers), and after the run a proof
 # that no process, mount or bridge of the engine is left.
-integration-containers: deps build fault-build mutant-build release ## The suites and the kit again on the container backend (an engine of our own, a local MariaDB image; about 7 minutes)
+integration-containers: deps build fault-build mutant-build release kit-dist ## The suites and the kit again on the container backend (an engine of our own, a local MariaDB image), then the kit's tarball on a clean Debian container and the kit's image, each against our release receiver (about 12 minutes)
 	scripts/containers run -- $(MAKE) --no-print-directory containers-inside
 
 # Inside scripts/containers run (DOCKER_HOST, TESTDB_BACKEND=container): the suites, then the
@@ -73,6 +76,7 @@ containers-inside:
 	$(CARGO) run -q -p conformance --features container --bin integration -- --containers $(INTEGRATION_ARGS)
 	$(CARGO) run -q -p conformance --features container --bin conformance -- run --receiver target/debug/receiver --junit target/kit/report-containers.xml
 	$(CARGO) test -q -p conformance --features container --test it -- --ignored --exact deploy::the_receiver_image_runs_the_demo_end_to_end --nocapture
+	$(CARGO) test -q -p conformance --features container --test it -- --ignored --exact deploy::the_kit_tarball_passes_on_a_clean_debian_with_only_mariadb deploy::the_kit_image_passes_against_a_mounted_receiver --nocapture --test-threads 1
 
 # SEED replays a schedule (each run prints its own); MINUTES runs random faults for that long
 # instead of each kind once. The same checks and summary table as in make integration.

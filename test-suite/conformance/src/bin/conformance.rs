@@ -315,7 +315,9 @@ fn junit(ran: &[Ran], o: &Options, replay: &str, seconds: f64) -> String {
     let mut s = String::from("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n");
     let _ = writeln!(
         s,
-        "<testsuite name=\"result-inbox conformance kit\" tests=\"{}\" failures=\"{failures}\" errors=\"0\" time=\"{seconds:.1}\">",
+        "<testsuite name=\"result-inbox conformance kit {} (contract {})\" tests=\"{}\" failures=\"{failures}\" errors=\"0\" time=\"{seconds:.1}\">",
+        env!("CARGO_PKG_VERSION"),
+        conformance::kit::CONTRACT_VERSION,
         ran.len()
     );
     let _ = writeln!(
@@ -414,7 +416,9 @@ fn main() -> ExitCode {
         }
     };
     println!(
-        "conformance: {} case(s) against {}; seed {}; databases on {server}",
+        "conformance {} (contract {}): {} case(s) against {}; seed {}; databases on {server}",
+        env!("CARGO_PKG_VERSION"),
+        conformance::kit::CONTRACT_VERSION,
         selected.len(),
         shell_quote(&o.receiver),
         o.seed

@@ -147,6 +147,7 @@ pub fn json(
     serde_json::json!({
         "kit": "result-inbox conformance kit",
         "kit_version": env!("CARGO_PKG_VERSION"),
+        "contract_version": super::CONTRACT_VERSION,
         "receiver": receiver,
         "seed": seed,
         "strict": strict,

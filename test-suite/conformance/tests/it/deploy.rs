@@ -404,3 +404,89 @@ async fn the_receiver_image_runs_the_demo_end_to_end() {
         summary.trim()
     );
 }
+
+/// The kit's tarball (`make kit-dist`), the only file of this repository a team outside Rust
+/// needs: `target/dist/result-inbox-kit-<version>-x86_64-linux.tar.gz`.
+fn kit_tarball() -> PathBuf {
+    let dist = repo().join("target/dist");
+    std::fs::read_dir(&dist)
+        .unwrap_or_else(|e| panic!("{}: {e}: make kit-dist first", dist.display()))
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| {
+            let name = p.file_name().unwrap_or_default().to_string_lossy();
+            name.starts_with("result-inbox-kit-") && name.ends_with("-x86_64-linux.tar.gz")
+        })
+        .expect("a kit tarball: make kit-dist makes it")
+}
+
+/// Runs `docker run --rm --network none ARGS` on our engine; asserts the kit inside passed
+/// every case against our release receiver (mounted at /receiver/receiver); its output.
+fn kit_in_container(args: &[&str]) -> String {
+    #[allow(clippy::disallowed_methods)] // set by scripts/containers run
+    let engine = std::env::var("DOCKER_HOST").expect("DOCKER_HOST names the engine");
+    let receiver = repo().join("target/release/receiver");
+    assert!(receiver.is_file(), "make release first");
+    let started = Instant::now();
+    let out = Command::new("docker")
+        .args(["-H", &engine, "run", "--rm", "--network", "none", "-v"])
+        .arg(format!("{}:/receiver/receiver:ro", receiver.display()))
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("docker runs");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let cases = conformance::kit::cases().len();
+    assert!(out.status.success(), "{stdout}{stderr}");
+    assert!(
+        stdout.contains(&format!("{cases} passed, 0 failed")),
+        "{stdout}{stderr}"
+    );
+    assert!(
+        stdout.starts_with(&format!(
+            "conformance {} (contract {})",
+            env!("CARGO_PKG_VERSION"),
+            conformance::kit::CONTRACT_VERSION
+        )),
+        "{stdout}"
+    );
+    println!(
+        "the kit in a container: {cases} of {cases} cases passed in {:.0} s",
+        started.elapsed().as_secs_f64()
+    );
+    stdout
+}
+
+/// The tarball on a clean Debian 12 container with only `mariadb-server` installed (the testdb
+/// image, `MARIADB_IMAGE`), no network and no Rust: unpacked there, its `conformance` runs every
+/// case against our release receiver and all pass.
+#[test]
+#[ignore = "needs our container engine and the kit's tarball: make integration-containers runs it"]
+fn the_kit_tarball_passes_on_a_clean_debian_with_only_mariadb() {
+    #[allow(clippy::disallowed_methods)] // set by scripts/containers run
+    let image = std::env::var("MARIADB_IMAGE").expect("MARIADB_IMAGE names the image");
+    let tarball = kit_tarball();
+    let mount = format!("{}:/dist/kit.tar.gz:ro", tarball.display());
+    kit_in_container(&[
+        "-v",
+        &mount,
+        "--entrypoint",
+        "sh",
+        &image,
+        "-c",
+        "set -e; cd /tmp; tar xzf /dist/kit.tar.gz; cd result-inbox-kit-*; \
+         test -x bin/orbit-dev -a -x bin/commit-proxy -a -f QUICKSTART.md -a -f docs/canonical-v1.json; \
+         exec bin/conformance run --receiver /receiver/receiver",
+    ]);
+}
+
+/// The kit's image (`KIT_IMAGE`: `deploy/kit/Dockerfile`, MariaDB inside) against our release
+/// receiver mounted into it: every case passes.
+#[test]
+#[ignore = "needs our container engine and the kit's image: make integration-containers runs it"]
+fn the_kit_image_passes_against_a_mounted_receiver() {
+    #[allow(clippy::disallowed_methods)] // set by scripts/containers run
+    let image = std::env::var("KIT_IMAGE").expect("KIT_IMAGE names the image");
+    kit_in_container(&[&image, "run", "--receiver", "/receiver/receiver"]);
+}
