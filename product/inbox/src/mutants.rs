@@ -98,11 +98,15 @@ pub enum Mutant {
     /// Once three deliveries have failed (refused, a conflict, an unconfirmed COMMIT, …),
     /// every later apply hangs: `consume` takes its window and then nothing more (R-CLI-6).
     StopsAfterFailures,
+    /// `consume` refuses to start when the subscription's lease is shorter than its default
+    /// apply budget (5 s) and a margin, instead of cutting the budget to fit: under a short
+    /// lease it exits at once, with one clear line (R-CLI-3).
+    ExitsOnShortLease,
 }
 
 impl Mutant {
     /// Every mutant, in the order the kit reports them.
-    pub const ALL: [Mutant; 30] = [
+    pub const ALL: [Mutant; 31] = [
         Mutant::AckBeforeCommit,
         Mutant::InsertIgnore,
         Mutant::NoDigestCompare,
@@ -133,6 +137,7 @@ impl Mutant {
         Mutant::Utf8KeyOrder,
         Mutant::ReadBeforeLock,
         Mutant::StopsAfterFailures,
+        Mutant::ExitsOnShortLease,
     ];
 
     /// The name `RECEIVER_MUTANT` takes.
@@ -168,6 +173,7 @@ impl Mutant {
             Mutant::Utf8KeyOrder => "utf8-key-order",
             Mutant::ReadBeforeLock => "read-before-lock",
             Mutant::StopsAfterFailures => "stops-after-failures",
+            Mutant::ExitsOnShortLease => "exits-on-short-lease",
         }
     }
 

@@ -73,6 +73,8 @@ pub async fn init(
 /// - [`Mutant::NoQueueCheck`] consumes whatever queue the subscription has: the configured
 ///   queue is replaced by the subscription's before consume compares them.
 /// - [`Mutant::PauseOnSigterm`] pauses the subscription once consume has stopped.
+/// - [`Mutant::ExitsOnShortLease`] refuses to start under a lease shorter than its default
+///   apply budget and the margin.
 /// - [`Mutant::ForgetsLostAcks`] drops an ACK whose answer was lost instead of sending it
 ///   again after reconnecting (the SDK's test-only `forget_unanswered_acks`).
 /// - The others apply each event their way ([`apply`]).
@@ -105,6 +107,22 @@ pub async fn consume(
             .map_err(ConsumeError::Platform)?;
         if let Ok(queue) = result_inbox::QueueId::new(subscription.queue_id) {
             config.run.platform.queue = queue;
+        }
+    }
+    if is(Mutant::ExitsOnShortLease) {
+        let subscription = client
+            .get_subscription(&config.subscription)
+            .await
+            .map_err(ConsumeError::Platform)?;
+        let budget = result_inbox::APPLY_TIMEOUT + crate::consume::LEASE_MARGIN;
+        if let Some(lease_ms) = subscription.lease_ms {
+            if std::time::Duration::from_millis(lease_ms) < budget {
+                return Err(ConsumeError::BudgetNotBelowLease {
+                    id: subscription.id,
+                    budget_ms: result_inbox::APPLY_TIMEOUT.as_millis() as u64,
+                    lease_ms,
+                });
+            }
         }
     }
     let seams = crate::consume::Seams {

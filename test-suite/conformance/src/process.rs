@@ -86,6 +86,8 @@ pub struct Proc {
     status: Option<ExitStatus>,
     /// Set once this side sent it a signal: an end after that is not "by itself".
     signalled: Arc<AtomicBool>,
+    /// How and when it ended by itself, as seen when the `Proc` went: its watches keep it.
+    ended: Arc<Mutex<Option<(ExitStatus, Duration)>>>,
     started: Instant,
 }
 
@@ -95,14 +97,18 @@ pub struct Proc {
 pub struct Watch {
     child: Weak<Mutex<Child>>,
     signalled: Arc<AtomicBool>,
+    ended: Arc<Mutex<Option<(ExitStatus, Duration)>>>,
     started: Instant,
     log: PathBuf,
 }
 
 impl Watch {
-    /// How it ended and after how long, if it ended by itself; `None` while it runs, once it
-    /// was sent a signal, or once its `Proc` is gone.
+    /// How it ended and after how long, if it ended by itself; `None` while it runs or once it
+    /// was sent a signal. After its `Proc` is gone, what the `Proc` saw as it went.
     pub fn ended_by_itself(&self) -> Option<(ExitStatus, Duration)> {
+        if let Some(seen) = *self.ended.lock().unwrap_or_else(|p| p.into_inner()) {
+            return Some(seen);
+        }
         if self.signalled.load(Ordering::SeqCst) {
             return None;
         }
@@ -146,6 +152,7 @@ impl Proc {
             group,
             status: None,
             signalled: Arc::new(AtomicBool::new(false)),
+            ended: Arc::new(Mutex::new(None)),
             started: Instant::now(),
         }
     }
@@ -155,6 +162,7 @@ impl Proc {
         Watch {
             child: Arc::downgrade(&self.child),
             signalled: self.signalled.clone(),
+            ended: self.ended.clone(),
             started: self.started,
             log: self.log.clone(),
         }
@@ -236,6 +244,16 @@ impl Proc {
 
 impl Drop for Proc {
     fn drop(&mut self) {
+        // An end nobody signalled, kept for the watches (the kit reports it after the case).
+        if !self.signalled.load(Ordering::SeqCst) {
+            let exited = self
+                .status
+                .or_else(|| self.child().try_wait().ok().flatten());
+            if let Some(status) = exited {
+                *self.ended.lock().unwrap_or_else(|p| p.into_inner()) =
+                    Some((status, self.started.elapsed()));
+            }
+        }
         if self.status.is_none() || self.group {
             let _ = self.signal(Signal::SIGKILL);
             let _ = self.child().wait();

@@ -96,6 +96,10 @@ static REFUSED_ACKS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64
 /// case is read, not only the `no-secrets` case's.
 static LEAKS: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
 
+/// `consume`s that ended by themselves (no signal from the kit) in the worlds of the case
+/// running now, as each world ends: a wait inside a case may not have looked.
+static EXITS: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
 /// Where the kit's last panic happened (`file:line`), kept by the hook [`quiet_panics`]
 /// installs.
 static LAST_PANIC: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
@@ -217,6 +221,7 @@ pub const MUTANTS: &[(&str, &str, &str)] = &[
     ("utf8-key-order", "canonical-corpus", "R-CANON-2"),
     ("read-before-lock", "concurrent-versions", "R-STORE-6"),
     ("stops-after-failures", "after-failures", "R-CLI-6"),
+    ("exits-on-short-lease", "first-receipt", "R-CLI-3"),
 ];
 
 impl std::fmt::Debug for Case {
@@ -234,17 +239,25 @@ impl Case {
     /// must carry the proof of the delivery's current lease) and a pass notes it.
     pub async fn run(&self, ctx: Ctx) -> Verdict {
         REFUSED_ACKS.store(0, std::sync::atomic::Ordering::SeqCst);
-        let take_leaks = || {
-            LEAKS
+        let take = |found: &std::sync::Mutex<Vec<String>>| {
+            found
                 .lock()
                 .map(|mut l| std::mem::take(&mut *l))
                 .unwrap_or_default()
         };
-        take_leaks();
+        take(&LEAKS);
+        take(&EXITS);
         let verdict = self.run_caught(ctx).await;
         let refused = REFUSED_ACKS.load(std::sync::atomic::Ordering::SeqCst);
-        // A secret printed fails any case, first.
-        let verdict = match (take_leaks().into_iter().next(), verdict) {
+        // A consume that exited by itself is the story of any failure after it, and fails a
+        // case that did not notice; a secret printed fails any case, first.
+        let verdict = match (take(&EXITS).into_iter().next(), verdict) {
+            (None, v) => v,
+            (Some(_), Err(why)) if why.starts_with("R-CLI-3: consume exited") => Err(why),
+            (Some(exit), Ok(_)) => Err(exit),
+            (Some(exit), Err(why)) => Err(format!("{exit}; then the case saw: {why}")),
+        };
+        let verdict = match (take(&LEAKS).into_iter().next(), verdict) {
             (None, v) => v,
             (Some(leak), Ok(_)) => Err(leak),
             (Some(leak), Err(why)) => Err(format!("{leak}; then: {why}")),

@@ -75,6 +75,13 @@ impl Drop for World {
                 }
             }
         }
+        // A consume that ended by itself, seen as its process went: the case fails for that
+        // first, whatever it was waiting for.
+        if let Some(ended) = self.consume_ended() {
+            if let Ok(mut exits) = super::EXITS.lock() {
+                exits.push(ended);
+            }
+        }
         // Every line the receiver printed in this world, whatever the case was about.
         let proofs = self.proof_hashes_blocking();
         for log in &self.logs {
@@ -255,7 +262,13 @@ impl World {
 
     pub(crate) fn consume(&mut self) -> Proc {
         let env = self.env(&self.dsn.clone());
-        let p = self.spawn("consume", &env);
+        self.consume_with(&env)
+    }
+
+    /// A `consume` with `env`, watched like [`World::consume`]'s: one that ends by itself
+    /// while the case needs it fails the case.
+    pub(crate) fn consume_with(&mut self, env: &[(&'static str, String)]) -> Proc {
+        let p = self.spawn("consume", env);
         self.consumers.push(p.watch());
         p
     }
@@ -268,7 +281,7 @@ impl World {
             let (status, after) = w.ended_by_itself()?;
             let out = std::fs::read_to_string(w.log()).unwrap_or_default();
             Some(format!(
-                "R-CLI-3: consume exited by itself ({status}) after {:.1} s, while the case still needed it (consume runs until SIGINT or SIGTERM); its last lines: {}",
+                "R-CLI-3: consume exited by itself ({status}) within {:.1} s of its start, while the case still needed it (consume runs until SIGINT or SIGTERM); its last lines: {}",
                 after.as_secs_f64(),
                 last_lines(self, &out)
             ))
@@ -325,6 +338,26 @@ impl World {
                 tokio::task::block_in_place(|| h.block_on(self.proof_hashes()))
             }
             _ => BTreeSet::new(),
+        }
+    }
+
+    /// `fut`, unless a `consume` of this world ends by itself first: then the one line that
+    /// says so ([`World::consume_ended`]), at once, instead of a time-out blamed on another rule.
+    pub(crate) async fn or_ended<T>(
+        &self,
+        fut: impl std::future::Future<Output = T>,
+    ) -> Result<T, String> {
+        let ended = async {
+            loop {
+                if let Some(e) = self.consume_ended() {
+                    break e;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        };
+        tokio::select! {
+            v = fut => Ok(v),
+            e = ended => Err(e),
         }
     }
 

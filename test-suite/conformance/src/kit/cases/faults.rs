@@ -67,9 +67,9 @@ pub(crate) async fn ack_after_commit(ctx: Ctx) -> Verdict {
     let _p = w.running().await?;
     let (task, key) = w.cancelled_task().await;
     let id = w.deliveries_of(&key).await[0].clone();
-    let held = rule
-        .fired_within(Duration::from_secs(20))
-        .await
+    let held = w
+        .or_ended(rule.fired_within(Duration::from_secs(20)))
+        .await?
         .ok_or("R-STORE-7: the receiver sent no COMMIT through its DSN within 20 s")?;
     // The server has answered; the proxy holds the answer for HELD_MS from `held.at_ms`. Watch
     // the delivery for the first two thirds of that (a read started later could be answered
@@ -117,7 +117,7 @@ pub(crate) async fn commit_lost(ctx: Ctx) -> Verdict {
     // before the COMMIT was answered at all (R-STORE-7). One seen only after it, at the first
     // attempt, came without an answer: most likely a COMMIT of unknown outcome taken as
     // success (R-STORE-8), though an ACK racing ahead of its COMMIT can land there too.
-    let dropped = poll(Duration::from_secs(20), Duration::from_millis(20), || async {
+    let dropped = w.or_ended(poll(Duration::from_secs(20), Duration::from_millis(20), || async {
         if !rule.firings().is_empty() {
             return Some(Ok(()));
         }
@@ -126,8 +126,8 @@ pub(crate) async fn commit_lost(ctx: Ctx) -> Verdict {
         (acked && rule.firings().is_empty()).then(|| {
             Err("R-STORE-7: the delivery was ACKed before its COMMIT was answered: ACK only after COMMIT succeeds".to_owned())
         })
-    })
-    .await;
+    }))
+    .await?;
     dropped.unwrap_or_else(|| {
         Err("R-STORE-7: the receiver sent no COMMIT through its DSN within 20 s".into())
     })?;
@@ -187,17 +187,18 @@ pub(crate) async fn database_restart(ctx: Ctx) -> Verdict {
         .restart()
         .expect("the receiver's server starts again");
     // Until every delivery is ACKED, or one has spent its budget (EXPIRED never comes back).
-    let ended = poll(
-        Duration::from_secs(60),
-        Duration::from_millis(200),
-        || async {
-            let all = w.deliveries().await;
-            let done =
-                all.iter().all(|d| d.state == "ACKED") || all.iter().any(|d| d.state == "EXPIRED");
-            done.then_some(all)
-        },
-    )
-    .await;
+    let ended = w
+        .or_ended(poll(
+            Duration::from_secs(60),
+            Duration::from_millis(200),
+            || async {
+                let all = w.deliveries().await;
+                let done = all.iter().all(|d| d.state == "ACKED")
+                    || all.iter().any(|d| d.state == "EXPIRED");
+                done.then_some(all)
+            },
+        ))
+        .await?;
     let deliveries = match ended {
         Some(all) => all,
         None => w.deliveries().await,
@@ -405,7 +406,10 @@ pub(crate) async fn cut_between_statements(ctx: Ctx) -> Verdict {
         let (task, key) = w.cancelled_task().await;
         // A receiver that commits implicitly (autocommit) never sends COMMIT: nothing to cut
         // there, and the agreement below is still checked.
-        let cut = armed.fired_within(Duration::from_secs(10)).await.is_some();
+        let cut = w
+            .or_ended(armed.fired_within(Duration::from_secs(10)))
+            .await?
+            .is_some();
         proxy.disarm(armed.id());
         w.acked(
             &w.deliveries_of(&key).await,

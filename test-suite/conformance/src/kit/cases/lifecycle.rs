@@ -123,7 +123,9 @@ pub(crate) async fn no_secrets(ctx: Ctx) -> Verdict {
         .expect("the rule arms");
     let mut p = w.running().await?;
     let (_, key) = w.cancelled_task().await;
-    let _ = rule.fired_within(Duration::from_secs(20)).await;
+    let _ = w
+        .or_ended(rule.fired_within(Duration::from_secs(20)))
+        .await?;
     w.acked(
         &w.deliveries_of(&key).await,
         Duration::from_secs(40),

@@ -74,18 +74,19 @@ pub(crate) async fn lost_ack_reply(ctx: Ctx) -> Verdict {
     w.acked(&ids, Duration::from_secs(20), "R-SDK-2").await?;
     // The receiver cannot know that its ACK landed: it must send it again, with the same
     // proof, once it has reconnected; the platform then answers already_acked.
-    let again = poll(
-        Duration::from_secs(15),
-        Duration::from_millis(200),
-        || async {
-            (w.orbit
-                .metric("orbit_acks_total{result=\"already_acked\"}")
-                .unwrap_or(0)
-                > 0)
-            .then_some(())
-        },
-    )
-    .await;
+    let again = w
+        .or_ended(poll(
+            Duration::from_secs(15),
+            Duration::from_millis(200),
+            || async {
+                (w.orbit
+                    .metric("orbit_acks_total{result=\"already_acked\"}")
+                    .unwrap_or(0)
+                    > 0)
+                .then_some(())
+            },
+        ))
+        .await?;
     let d = w.delivery(&ids[0]).await;
     ensure!(
         again.is_some(),

@@ -134,7 +134,7 @@ pub(crate) async fn names_by_bytes(ctx: Ctx) -> Verdict {
             _ => {}
         }
     }
-    let _b = w.spawn("consume", &env);
+    let _b = w.consume_with(&env);
     let (task, key) = w.cancelled_task().await;
     let ids: Vec<DeliveryId> = w.deliveries_of(&key).await;
     let theirs: Vec<DeliveryId> = w

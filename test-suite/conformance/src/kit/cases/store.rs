@@ -68,19 +68,20 @@ pub(crate) async fn duplicate(ctx: Ctx) -> Verdict {
     // A duplicate is resolved inside its first lease: once one was handed out again, the
     // receiver did not ACK it.
     for id in &again {
-        let seen = poll(
-            Duration::from_secs(30),
-            Duration::from_millis(50),
-            || async {
-                let d = w.delivery(id).await;
-                match (d.attempts, d.state.as_str()) {
-                    (0 | 1, "ACKED") => Some(Ok(())),
-                    (0 | 1, _) => None,
-                    _ => Some(Err(d)),
-                }
-            },
-        )
-        .await;
+        let seen = w
+            .or_ended(poll(
+                Duration::from_secs(30),
+                Duration::from_millis(50),
+                || async {
+                    let d = w.delivery(id).await;
+                    match (d.attempts, d.state.as_str()) {
+                        (0 | 1, "ACKED") => Some(Ok(())),
+                        (0 | 1, _) => None,
+                        _ => Some(Err(d)),
+                    }
+                },
+            ))
+            .await?;
         let stuck = match seen {
             Some(Ok(())) => continue,
             Some(Err(d)) => d,
