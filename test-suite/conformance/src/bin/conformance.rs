@@ -80,6 +80,24 @@ struct MutantOptions {
     seed: u64,
 }
 
+/// `--seed`'s value.
+fn seed_of(v: &str) -> Result<u64, String> {
+    v.parse()
+        .map_err(|_| format!("--seed {v:?} is not a whole number"))
+}
+
+/// `--only`'s value: names of `kind` (case, mutant), each one of `names`.
+fn only_of(v: &str, kind: &str, names: &[&str]) -> Result<Vec<String>, String> {
+    let list: Vec<String> = v.split(',').map(str::to_owned).collect();
+    if let Some(bad) = list.iter().find(|n| !names.contains(&n.as_str())) {
+        return Err(format!(
+            "--only: no {kind} {bad:?}; {kind}s: {}",
+            names.join(", ")
+        ));
+    }
+    Ok(list)
+}
+
 fn parse_mutants(args: &[String]) -> Result<MutantOptions, String> {
     let names: Vec<&str> = conformance::kit::MUTANTS.iter().map(|m| m.0).collect();
     let (mut bin, mut runs, mut only, mut seed) = (None, 1, None, None);
@@ -101,26 +119,8 @@ fn parse_mutants(args: &[String]) -> Result<MutantOptions, String> {
                     .filter(|n| (1..=1000).contains(n))
                     .ok_or(format!("--runs {v:?} is not a number from 1 to 1000"))?;
             }
-            "--seed" => {
-                let v = value("a number")?;
-                seed = Some(
-                    v.parse()
-                        .map_err(|_| format!("--seed {v:?} is not a whole number"))?,
-                );
-            }
-            "--only" => {
-                let list: Vec<String> = value("MUTANT[,MUTANT…]")?
-                    .split(',')
-                    .map(str::to_owned)
-                    .collect();
-                if let Some(bad) = list.iter().find(|n| !names.contains(&n.as_str())) {
-                    return Err(format!(
-                        "--only: no mutant {bad:?}; mutants: {}",
-                        names.join(", ")
-                    ));
-                }
-                only = Some(list);
-            }
+            "--seed" => seed = Some(seed_of(&value("a number")?)?),
+            "--only" => only = Some(only_of(&value("MUTANT[,MUTANT…]")?, "mutant", &names)?),
             other => return Err(format!("unknown argument {other:?}\n{MUTANTS_HELP}")),
         }
     }
@@ -192,26 +192,8 @@ fn parse(args: &[String]) -> Result<Asked, String> {
         };
         match a.as_str() {
             "--receiver" => receiver = Some(value("a command line")?),
-            "--only" => {
-                let list: Vec<String> = value("CASE[,CASE…]")?
-                    .split(',')
-                    .map(str::to_owned)
-                    .collect();
-                if let Some(bad) = list.iter().find(|n| !names.contains(&n.as_str())) {
-                    return Err(format!(
-                        "--only: no case {bad:?}; cases: {}",
-                        names.join(", ")
-                    ));
-                }
-                only = Some(list);
-            }
-            "--seed" => {
-                let v = value("a number")?;
-                seed = Some(
-                    v.parse()
-                        .map_err(|_| format!("--seed {v:?} is not a whole number"))?,
-                );
-            }
+            "--only" => only = Some(only_of(&value("CASE[,CASE…]")?, "case", &names)?),
+            "--seed" => seed = Some(seed_of(&value("a number")?)?),
             "--junit" => junit = Some(value("a file")?.into()),
             "--json" => json = Some(value("a file")?.into()),
             "--expect" => {

@@ -221,7 +221,7 @@ pub const MUTANTS: &[(&str, &str, &str)] = &[
     ("utf8-key-order", "canonical-corpus", "R-CANON-2"),
     ("read-before-lock", "concurrent-versions", "R-STORE-6"),
     ("stops-after-failures", "after-failures", "R-CLI-6"),
-    ("exits-on-short-lease", "first-receipt", "R-CLI-3"),
+    ("exits-on-short-lease", "sigterm", "R-CLI-3"),
 ];
 
 impl std::fmt::Debug for Case {

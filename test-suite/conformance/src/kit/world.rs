@@ -461,12 +461,7 @@ impl World {
     /// the new deliveries.
     pub(crate) fn redeliver(&self, key: &str) -> Vec<DeliveryId> {
         let reply = self.fault(serde_json::json!({"fault": "duplicate-event", "event_id": key}));
-        reply["deliveries"]
-            .as_array()
-            .expect("deliveries")
-            .iter()
-            .filter_map(|d| d.as_str().map(DeliveryId::from))
-            .collect()
+        delivery_ids(&reply)
     }
 
     /// Injects a `task.started` event (`id`, task, version) through orbit-dev's
@@ -488,12 +483,7 @@ impl World {
     pub(crate) fn inject_body(&self, body: &str) -> (String, Vec<DeliveryId>) {
         let reply = self.fault(serde_json::json!({"fault": "inject-event", "body": body}));
         let key = reply["key"].as_str().expect("a platform key").to_owned();
-        let deliveries = reply["deliveries"]
-            .as_array()
-            .expect("deliveries")
-            .iter()
-            .filter_map(|d| d.as_str().map(DeliveryId::from))
-            .collect();
+        let deliveries = delivery_ids(&reply);
         (key, deliveries)
     }
 
@@ -587,12 +577,7 @@ impl World {
         }
         let reply = self.fault(body);
         let id = reply["event_id"].as_str().expect("a forged id").to_owned();
-        let deliveries = reply["deliveries"]
-            .as_array()
-            .expect("deliveries")
-            .iter()
-            .filter_map(|d| d.as_str().map(DeliveryId::from))
-            .collect();
+        let deliveries = delivery_ids(&reply);
         (id, deliveries)
     }
 
@@ -640,6 +625,16 @@ impl World {
         w.acked(&ids, Duration::from_secs(30), "R-STORE-7").await?;
         Ok((w, p, task, event))
     }
+}
+
+/// The delivery ids a fault's answer lists (`deliveries`).
+fn delivery_ids(reply: &serde_json::Value) -> Vec<DeliveryId> {
+    reply["deliveries"]
+        .as_array()
+        .expect("deliveries")
+        .iter()
+        .filter_map(|d| d.as_str().map(DeliveryId::from))
+        .collect()
 }
 
 /// What the environment of the kit passes on to the receiver: enough to find programs.

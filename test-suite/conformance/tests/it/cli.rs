@@ -550,32 +550,40 @@ fn a_variable_that_is_not_utf8_is_named_not_read_lossily() {
     }
 }
 
-/// The kit, run as a user would, against a receiver whose `consume` prints a line and exits 7
-/// at once: the case fails within seconds naming the exit, its status and the line (not a
-/// 30 s time-out blamed on R-STORE-7), and the receiver's output is kept where the message says.
-#[test]
-fn the_kit_blames_a_consume_that_exits_for_its_exit_and_keeps_its_output() {
-    let dir = testdb::scratch_dir().unwrap().join("kit-exits");
+/// The kit's `first-receipt`, run as a user would, against our receiver behind a shell
+/// wrapper that runs `line` first: the scratch directory (failed cases' output under `logs/`)
+/// and the kit's exit and output.
+fn kit_first_receipt_with(name: &str, line: &str) -> (std::path::PathBuf, std::process::Output) {
+    let dir = testdb::scratch_dir().unwrap().join(name);
     std::fs::create_dir_all(&dir).unwrap();
     let wrapper = dir.join("receiver.sh");
     std::fs::write(
         &wrapper,
-        format!(
-            "if [ \"$1\" = consume ]; then echo 'consume: giving up at once'; exit 7; fi\nexec {} \"$@\"\n",
-            receiver_bin().display()
-        ),
+        format!("{line}\nexec {} \"$@\"\n", receiver_bin().display()),
     )
     .unwrap();
-    let keep = dir.join("logs");
-    let started = Instant::now();
     let out = bare_command(&conformance::workspace_bin("conformance"))
         .env("PATH", "/usr/bin:/bin")
         .args(["run", "--receiver"])
         .arg(format!("sh {}", wrapper.display()))
         .args(["--only", "first-receipt", "--keep-logs"])
-        .arg(&keep)
+        .arg(dir.join("logs"))
         .output()
         .expect("the kit runs");
+    (dir, out)
+}
+
+/// The kit, run as a user would, against a receiver whose `consume` prints a line and exits 7
+/// at once: the case fails within seconds naming the exit, its status and the line (not a
+/// 30 s time-out blamed on R-STORE-7), and the receiver's output is kept where the message says.
+#[test]
+fn the_kit_blames_a_consume_that_exits_for_its_exit_and_keeps_its_output() {
+    let started = Instant::now();
+    let (dir, out) = kit_first_receipt_with(
+        "kit-exits",
+        "if [ \"$1\" = consume ]; then echo 'consume: giving up at once'; exit 7; fi",
+    );
+    let keep = dir.join("logs");
     let stdout = text(&out.stdout);
     assert_eq!(out.status.code(), Some(1), "{stdout}{}", text(&out.stderr));
     let failed = stdout
@@ -606,25 +614,10 @@ fn the_kit_blames_a_consume_that_exits_for_its_exit_and_keeps_its_output() {
 /// `first-receipt`, naming the rule and the kind of secret and never repeating it.
 #[test]
 fn the_kit_fails_any_case_whose_receiver_printed_a_secret() {
-    let dir = testdb::scratch_dir().unwrap().join("kit-leaks");
-    std::fs::create_dir_all(&dir).unwrap();
-    let wrapper = dir.join("receiver.sh");
-    std::fs::write(
-        &wrapper,
-        format!(
-            "if [ \"$1\" = consume ]; then echo \"connecting to $ORBIT_RECEIVER_DSN\" >&2; fi\nexec {} \"$@\"\n",
-            receiver_bin().display()
-        ),
-    )
-    .unwrap();
-    let out = bare_command(&conformance::workspace_bin("conformance"))
-        .env("PATH", "/usr/bin:/bin")
-        .args(["run", "--receiver"])
-        .arg(format!("sh {}", wrapper.display()))
-        .args(["--only", "first-receipt", "--keep-logs"])
-        .arg(dir.join("logs"))
-        .output()
-        .expect("the kit runs");
+    let (dir, out) = kit_first_receipt_with(
+        "kit-leaks",
+        "if [ \"$1\" = consume ]; then echo \"connecting to $ORBIT_RECEIVER_DSN\" >&2; fi",
+    );
     let stdout = text(&out.stdout);
     assert_eq!(out.status.code(), Some(1), "{stdout}{}", text(&out.stderr));
     let failed = stdout

@@ -206,22 +206,50 @@ async fn forge_event(
         body.insert("type".into(), raw(t.into()));
     }
     let body = serde_json::to_string(&body).expect("a map of JSON values serialises");
+    let stored = Emitted {
+        namespace,
+        queue,
+        task_id,
+        event_type,
+        body: body.into_bytes(),
+    };
+    let ids = store_and_deliver(p, tx, &key, &stored).await?;
+    Ok((id, ids))
+}
+
+/// Stores `event` under platform key `key` and delivers it (one PENDING delivery for each
+/// enabled subscription taking it), committing `tx`: the new deliveries' ids.
+async fn store_and_deliver(
+    p: &Platform,
+    mut tx: sqlx::Transaction<'_, sqlx::MySql>,
+    key: &str,
+    event: &Emitted,
+) -> ApiResult<Vec<String>> {
     sqlx::query(
         "INSERT INTO orbit_events (id, namespace, queue_id, task_id, event_type, body, created_at) \
          VALUES (?, ?, ?, ?, ?, ?, UTC_TIMESTAMP(6))",
     )
-    .bind(&key)
-    .bind(&namespace)
-    .bind(&queue)
-    .bind(&task_id)
-    .bind(&event_type)
-    .bind(body.as_bytes())
+    .bind(key)
+    .bind(&event.namespace)
+    .bind(&event.queue)
+    .bind(&event.task_id)
+    .bind(&event.event_type)
+    .bind(&event.body)
     .execute(&mut *tx)
     .await?;
-    let ids = deliver(p, &mut tx, &namespace, &queue, &key, &event_type, &task_id).await?;
+    let ids = deliver(
+        p,
+        &mut tx,
+        &event.namespace,
+        &event.queue,
+        key,
+        &event.event_type,
+        &event.task_id,
+    )
+    .await?;
     tx.commit().await?;
     p.wake.notify_waiters();
-    Ok((id, ids))
+    Ok(ids)
 }
 
 /// Fault: an event whose text the caller wrote, stored and delivered byte for byte (what a
@@ -257,21 +285,13 @@ async fn inject_event(p: &Platform, body: String) -> ApiResult<(String, String, 
     let (event_type, task_id) = (member("type")?, member("task_id")?);
     let id = member("id").unwrap_or_default();
     let key = crate::db::random_hex(16);
-    let mut tx = p.pool.begin().await?;
-    sqlx::query(
-        "INSERT INTO orbit_events (id, namespace, queue_id, task_id, event_type, body, created_at) \
-         VALUES (?, ?, ?, ?, ?, ?, UTC_TIMESTAMP(6))",
-    )
-    .bind(&key)
-    .bind(&namespace)
-    .bind(&queue)
-    .bind(&task_id)
-    .bind(&event_type)
-    .bind(body.as_bytes())
-    .execute(&mut *tx)
-    .await?;
-    let ids = deliver(p, &mut tx, &namespace, &queue, &key, &event_type, &task_id).await?;
-    tx.commit().await?;
-    p.wake.notify_waiters();
+    let event = Emitted {
+        namespace,
+        queue,
+        task_id,
+        event_type,
+        body: body.into_bytes(),
+    };
+    let ids = store_and_deliver(p, p.pool.begin().await?, &key, &event).await?;
     Ok((id, key, ids))
 }
