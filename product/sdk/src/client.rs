@@ -13,8 +13,8 @@ use crate::credentials::Token;
 use crate::ids::{DeliveryId, SubscriptionId};
 use crate::trust::{Trust, TrustError};
 use crate::wire::{
-    AddBudget, CreateSubscription, CredentialInfo, DeliveryInfo, ErrorBody, ReportTask, SubmitTask,
-    Subscription, Task,
+    AckedPage, AddBudget, CreateSubscription, CredentialInfo, DeliveryInfo, ErrorBody, Redeliver,
+    ReportTask, SubmitTask, Subscription, Task,
 };
 
 /// Why a call failed. Never contains a token or a proof.
@@ -469,6 +469,48 @@ impl Client {
             reqwest::Method::POST,
             &format!("/v1/deliveries/{}/discard", seg(id)),
             None::<&()>,
+        )
+        .await
+    }
+
+    /// One page of the deliveries ACKED in `[since, until)` (RFC 3339; `until` now when
+    /// `None`), oldest ACK first, at most `limit` (1 to 10 000); `after` is the previous page's
+    /// `next`.
+    pub async fn list_acked(
+        &self,
+        subscription: &SubscriptionId,
+        since: &str,
+        until: Option<&str>,
+        after: Option<&str>,
+        limit: u32,
+    ) -> Result<AckedPage, SdkError> {
+        let mut query = format!("since={}&limit={limit}", seg(since));
+        if let Some(u) = until {
+            query.push_str(&format!("&until={}", seg(u)));
+        }
+        if let Some(a) = after {
+            query.push_str(&format!("&after={}", seg(a)));
+        }
+        self.call(
+            reqwest::Method::GET,
+            &format!("/v1/subscriptions/{}/acked?{query}", seg(subscription)),
+            None::<&()>,
+        )
+        .await
+    }
+
+    /// Sends an ACKED delivery back to PENDING with `budget` leases (1 to 10; the platform's
+    /// default when `None`): it is delivered again with a new proof. `409 not_acked` unless
+    /// it is ACKED.
+    pub async fn redeliver(
+        &self,
+        id: &DeliveryId,
+        budget: Option<u32>,
+    ) -> Result<DeliveryInfo, SdkError> {
+        self.call(
+            reqwest::Method::POST,
+            &format!("/v1/deliveries/{}/redeliver", seg(id)),
+            Some(&Redeliver { budget }),
         )
         .await
     }

@@ -117,6 +117,26 @@ pub struct DeliveryInfo {
     pub lease_expires_at: Option<String>,
     pub created_at: String,
     pub updated_at: String,
+    /// When it was ACKED (RFC 3339 UTC), while it is; absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub acked_at: Option<String>,
+}
+
+/// `GET /v1/subscriptions/{id}/acked`: one page of the deliveries ACKED in a window of time,
+/// oldest ACK first.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct AckedPage {
+    pub deliveries: Vec<DeliveryInfo>,
+    /// The cursor of the next page (`after`), or `None` after the last.
+    pub next: Option<String>,
+}
+
+/// `POST /v1/deliveries/{id}/redeliver`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Redeliver {
+    /// Leases the redelivery may take, 1 to 10 (the platform's default budget otherwise).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<u32>,
 }
 
 /// `POST /v1/deliveries/{id}/budget`.

@@ -73,9 +73,11 @@ const SCHEMA: &[&str] = &[
         proof_sha256 BINARY(32) NULL,
         lease_expires_at DATETIME(6) NULL,
         acked_proof_sha256 BINARY(32) NULL,
+        acked_at DATETIME(6) NULL,
         created_at DATETIME(6) NOT NULL,
         updated_at DATETIME(6) NOT NULL,
         UNIQUE KEY by_id (id),
+        KEY by_acked (subscription_id, acked_at, seq),
         KEY by_subscription (subscription_id, state, seq),
         KEY by_task (subscription_id, task_id, seq),
         KEY by_lease (state, lease_expires_at)
@@ -184,6 +186,7 @@ pub fn delivery_from_row(r: &MySqlRow) -> Result<DeliveryInfo, sqlx::Error> {
         lease_expires_at: r.try_get_unchecked("lease_expires")?,
         created_at: r.try_get_unchecked("created")?,
         updated_at: r.try_get_unchecked("updated")?,
+        acked_at: r.try_get_unchecked("acked")?,
     })
 }
 
@@ -191,4 +194,5 @@ pub const DELIVERY_COLUMNS: &str = "id, subscription_id, event_id, event_type, t
      attempts, budget, \
      DATE_FORMAT(lease_expires_at, '%Y-%m-%dT%H:%i:%s.%fZ') AS lease_expires, \
      DATE_FORMAT(created_at, '%Y-%m-%dT%H:%i:%s.%fZ') AS created, \
-     DATE_FORMAT(updated_at, '%Y-%m-%dT%H:%i:%s.%fZ') AS updated";
+     DATE_FORMAT(updated_at, '%Y-%m-%dT%H:%i:%s.%fZ') AS updated, \
+     DATE_FORMAT(acked_at, '%Y-%m-%dT%H:%i:%s.%fZ') AS acked";

@@ -1193,3 +1193,152 @@ async fn slow_and_idle_clients_are_cut_off_and_connections_are_limited() {
     assert!(answered, "not served after a slot was freed");
     assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
 }
+
+/// The platform's error code for a call that should fail.
+fn api_error<T: std::fmt::Debug>(r: Result<T, orbit_sdk::SdkError>) -> (u16, String) {
+    match r {
+        Err(orbit_sdk::SdkError::Api { status, code, .. }) => (status, code),
+        other => panic!("expected an API error, got {other:?}"),
+    }
+}
+
+/// The deliveries ACKED in a window of time, page by page with a cursor, and a redelivery: an
+/// ACKED delivery goes back to PENDING with a fresh budget and its ACK forgotten, is leased
+/// again with a new proof (the old one refused) and the same event text, and is listed again
+/// once ACKED anew; a delivery that is not ACKED, and every malformed window, is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acked_deliveries_list_by_time_in_pages_and_one_is_redelivered_with_a_new_proof() {
+    let (orbit, client, sub) = subscribed(&["--lease-seconds", "60"]).await;
+    for _ in 0..5 {
+        cancelled_task(&client).await;
+    }
+    let mut ws = raw_stream(&orbit, &sub.id).await;
+    send_raw(&mut ws, json!({"type": "credit", "credit": 5})).await;
+    let mut first = HashMap::new();
+    for _ in 0..5 {
+        let d = next_raw(&mut ws).await;
+        first.insert(d["delivery_id"].as_str().unwrap().to_owned(), d);
+    }
+    // One ACK at a time, each answered before the next: five ACK times.
+    for (id, d) in &first {
+        send_raw(
+            &mut ws,
+            json!({"type": "ack", "delivery_id": id, "proof": d["proof"]}),
+        )
+        .await;
+        assert_eq!(next_raw(&mut ws).await["result"], "acked");
+    }
+    let since = "2000-01-01T00:00:00Z";
+    let mut pages = Vec::new();
+    let mut after: Option<String> = None;
+    loop {
+        let page = client
+            .list_acked(&sub.id, since, None, after.as_deref(), 2)
+            .await
+            .unwrap();
+        pages.push(page.deliveries.len());
+        let next = page.next.clone();
+        for d in &page.deliveries {
+            assert_eq!(d.state, "ACKED");
+            assert!(d.acked_at.is_some(), "{d:?}");
+            assert!(first.contains_key(d.id.as_str()), "{d:?}");
+        }
+        match next {
+            Some(n) => after = Some(n),
+            None => break,
+        }
+    }
+    assert_eq!(pages, [2, 2, 1]);
+    let all = client
+        .list_acked(&sub.id, since, None, None, 10)
+        .await
+        .unwrap();
+    assert!(all.next.is_none());
+    let times: Vec<String> = all
+        .deliveries
+        .iter()
+        .map(|d| d.acked_at.clone().unwrap())
+        .collect();
+    assert_eq!(times.len(), 5);
+    assert!(times.windows(2).all(|w| w[0] <= w[1]), "{times:?}");
+    // A window that ends at the fourth ACK holds the ones ACKED before it.
+    let until = times[3].clone();
+    let early = client
+        .list_acked(&sub.id, since, Some(&until), None, 10)
+        .await
+        .unwrap();
+    assert_eq!(
+        early.deliveries.len(),
+        times.iter().filter(|t| **t < until).count()
+    );
+    // Malformed windows.
+    for (s, u, a, limit) in [
+        ("yesterday", None, None, 10),
+        (since, Some(since), None, 10),
+        (since, Some("1999-01-01T00:00:00Z"), None, 10),
+        (since, None, Some("not-a-cursor"), 10),
+        (since, None, None, 0),
+    ] {
+        assert_eq!(
+            api_error(client.list_acked(&sub.id, s, u, a, limit).await),
+            (422, "invalid_request".to_owned()),
+            "{s} {u:?} {a:?} {limit}"
+        );
+    }
+    // The first delivery redelivered with a budget of 2: PENDING, its ACK forgotten.
+    let d0 = all.deliveries[0].clone();
+    let again = client.redeliver(&d0.id, Some(2)).await.unwrap();
+    assert_eq!(
+        (
+            again.state.as_str(),
+            again.budget,
+            again.acked_at.as_deref()
+        ),
+        ("PENDING", d0.attempts + 2, None)
+    );
+    assert_eq!(
+        api_error(client.redeliver(&d0.id, None).await),
+        (409, "not_acked".to_owned())
+    );
+    assert_eq!(
+        client
+            .list_acked(&sub.id, since, None, None, 10)
+            .await
+            .unwrap()
+            .deliveries
+            .len(),
+        4
+    );
+    send_raw(&mut ws, json!({"type": "credit", "credit": 1})).await;
+    let redelivered = next_raw(&mut ws).await;
+    let before = &first[d0.id.as_str()];
+    assert_eq!(redelivered["delivery_id"], before["delivery_id"]);
+    assert_eq!(redelivered["attempt"], json!(d0.attempts + 1));
+    assert_ne!(redelivered["proof"], before["proof"]);
+    assert_eq!(
+        redelivered["event"], before["event"],
+        "the event never changes"
+    );
+    send_raw(
+        &mut ws,
+        json!({"type": "ack", "delivery_id": d0.id.as_str(), "proof": before["proof"]}),
+    )
+    .await;
+    assert_eq!(next_raw(&mut ws).await["result"], "refused");
+    send_raw(
+        &mut ws,
+        json!({"type": "ack", "delivery_id": d0.id.as_str(), "proof": redelivered["proof"]}),
+    )
+    .await;
+    assert_eq!(next_raw(&mut ws).await["result"], "acked");
+    let last = client
+        .list_acked(&sub.id, since, None, None, 10)
+        .await
+        .unwrap();
+    assert_eq!(last.deliveries.len(), 5);
+    assert_eq!(
+        last.deliveries[4].id, d0.id,
+        "listed again, as the newest ACK"
+    );
+    assert_eq!(orbit.metric("orbit_redelivered_total"), Some(1));
+}

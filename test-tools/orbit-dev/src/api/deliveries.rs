@@ -4,8 +4,9 @@ use axum::extract::rejection::{JsonRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
 use axum::http::HeaderMap;
 use axum::Json;
-use orbit_sdk::wire::{AddBudget, SCOPE_EVENTS_MANAGE, SCOPE_EVENTS_READ};
+use orbit_sdk::wire::{AckedPage, AddBudget, Redeliver, SCOPE_EVENTS_MANAGE, SCOPE_EVENTS_READ};
 use serde::Deserialize;
+use sqlx::Row;
 
 use super::auth::{caller, Caller};
 use super::subscriptions::visible_subscription;
@@ -69,6 +70,155 @@ pub(super) async fn list_deliveries(
             .map(db::delivery_from_row)
             .collect::<Result<_, _>>()?,
     ))
+}
+
+#[derive(Deserialize)]
+pub(super) struct AckedQuery {
+    since: Option<String>,
+    until: Option<String>,
+    after: Option<String>,
+    limit: Option<u32>,
+}
+
+/// A time of the API (strict RFC 3339, any offset) as the DATETIME(6) text of its UTC instant
+/// (microseconds: a finer fraction is cut); `None` for anything else.
+fn datetime(s: &str) -> Option<String> {
+    let utc = canonical_form::normalize_rfc3339(s)?;
+    let utc = utc.strip_suffix('Z')?.replacen('T', " ", 1);
+    Some(match utc.split_once('.') {
+        Some((whole, fraction)) => format!("{whole}.{}", &fraction[..fraction.len().min(6)]),
+        None => utc,
+    })
+}
+
+/// `GET /v1/subscriptions/{id}/acked?since=&until=&after=&limit=`: the deliveries ACKED in
+/// `[since, until)` (`until` defaults to now), oldest ACK first, one page of at most `limit`
+/// (1 to 10 000, 1000 by default) with the cursor of the next. Paged by (ACK time, sequence)
+/// on an index of its own, so each page costs the same however long the window.
+pub(super) async fn list_acked(
+    State(p): State<Shared>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    query: Result<Query<AckedQuery>, QueryRejection>,
+) -> ApiResult<Json<AckedPage>> {
+    let Query(q) = query?;
+    let c = caller(&p, &headers).await?;
+    c.need(SCOPE_EVENTS_READ)?;
+    visible_subscription(&p, &c, &id).await?;
+    let since = q
+        .since
+        .as_deref()
+        .ok_or_else(|| ApiError::invalid("since is required: an RFC 3339 time"))?;
+    let since = datetime(since).ok_or_else(|| {
+        ApiError::invalid("since must be an RFC 3339 time, e.g. 2026-12-05T10:00:00Z")
+    })?;
+    let until = match q.until.as_deref() {
+        None => None,
+        Some(u) => Some(datetime(u).ok_or_else(|| {
+            ApiError::invalid("until must be an RFC 3339 time, e.g. 2026-12-05T11:00:00Z")
+        })?),
+    };
+    if until.as_ref().is_some_and(|u| *u <= since) {
+        return Err(ApiError::invalid("until must be after since"));
+    }
+    let limit = q.limit.unwrap_or(1000);
+    if !(1..=10_000).contains(&limit) {
+        return Err(ApiError::invalid("limit must be between 1 and 10000"));
+    }
+    // The cursor: the last ACK time and sequence of the page before, as this endpoint gave it.
+    let after = match q.after.as_deref() {
+        None => None,
+        Some(a) => {
+            let bad = || ApiError::invalid("after must be a cursor this endpoint gave (next)");
+            let (at, seq) = a.rsplit_once(',').ok_or_else(bad)?;
+            Some((
+                datetime(at).ok_or_else(bad)?,
+                seq.parse::<u64>().map_err(|_| bad())?,
+            ))
+        }
+    };
+    let mut sql = format!(
+        "SELECT {}, seq FROM orbit_deliveries FORCE INDEX (by_acked) \
+         WHERE subscription_id = ? AND acked_at >= ?",
+        db::DELIVERY_COLUMNS
+    );
+    if until.is_some() {
+        sql.push_str(" AND acked_at < ?");
+    } else {
+        sql.push_str(" AND acked_at < UTC_TIMESTAMP(6)");
+    }
+    if after.is_some() {
+        sql.push_str(" AND (acked_at > ? OR (acked_at = ? AND seq > ?))");
+    }
+    sql.push_str(" ORDER BY acked_at, seq LIMIT ?");
+    let mut query = sqlx::query(&sql).bind(&id).bind(&since);
+    if let Some(u) = &until {
+        query = query.bind(u);
+    }
+    if let Some((at, seq)) = &after {
+        query = query.bind(at).bind(at).bind(seq);
+    }
+    let rows = query.bind(limit + 1).fetch_all(&p.pool).await?;
+    let more = rows.len() > limit as usize;
+    let mut deliveries = Vec::with_capacity(rows.len().min(limit as usize));
+    let mut next = None;
+    for row in rows.iter().take(limit as usize) {
+        let d = db::delivery_from_row(row)?;
+        if more {
+            let seq: u64 = row.try_get("seq")?;
+            next = d.acked_at.as_ref().map(|at| format!("{at},{seq}"));
+        }
+        deliveries.push(d);
+    }
+    Ok(Json(AckedPage {
+        deliveries,
+        next: if more { next } else { None },
+    }))
+}
+
+/// `POST /v1/deliveries/{id}/redeliver` (`events:manage`): an ACKED delivery goes back to
+/// PENDING with a fresh finite budget (`budget` more leases, 1 to 10; the platform's default
+/// otherwise), to be leased with a new proof like any other; its ACK is forgotten (a late ACK
+/// with the old proof is refused). The event's bytes never change. `409 not_acked` unless it is
+/// ACKED. For a consumer whose database was restored: what it had ACKED since flows again
+/// through its normal path and its dedup.
+pub(super) async fn redeliver(
+    State(p): State<Shared>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    body: Result<Json<Redeliver>, JsonRejection>,
+) -> ApiResult<Json<orbit_sdk::wire::DeliveryInfo>> {
+    let c = caller(&p, &headers).await?;
+    c.need(SCOPE_EVENTS_MANAGE)?;
+    let req = match body {
+        Ok(Json(b)) => b,
+        Err(JsonRejection::MissingJsonContentType(_)) => Redeliver::default(),
+        Err(e) => return Err(e.into()),
+    };
+    let budget = req.budget.unwrap_or(p.max_attempts.min(10));
+    if !(1..=10).contains(&budget) {
+        return Err(ApiError::invalid("budget must be from 1 to 10"));
+    }
+    visible_delivery(&p, &c, &id).await?;
+    let changed = sqlx::query(
+        "UPDATE orbit_deliveries SET state = 'PENDING', budget = attempts + ?, \
+         acked_proof_sha256 = NULL, acked_at = NULL, updated_at = UTC_TIMESTAMP(6) \
+         WHERE id = ? AND state = 'ACKED'",
+    )
+    .bind(budget)
+    .bind(&id)
+    .execute(&p.pool)
+    .await?
+    .rows_affected();
+    if changed == 0 {
+        return Err(ApiError::conflict(
+            "not_acked",
+            "only an ACKED delivery can be redelivered",
+        ));
+    }
+    p.metrics.redelivered();
+    p.wake.notify_waiters();
+    Ok(Json(visible_delivery(&p, &c, &id).await?))
 }
 
 async fn visible_delivery(

@@ -370,7 +370,8 @@ async fn acks_in(
     if !acked.is_empty() {
         let sql = format!(
             "UPDATE orbit_deliveries SET state = 'ACKED', acked_proof_sha256 = proof_sha256, \
-             proof_sha256 = NULL, lease_expires_at = NULL, updated_at = UTC_TIMESTAMP(6) \
+             proof_sha256 = NULL, lease_expires_at = NULL, updated_at = UTC_TIMESTAMP(6), \
+             acked_at = UTC_TIMESTAMP(6) \
              WHERE id IN ({})",
             vec!["?"; acked.len()].join(", ")
         );

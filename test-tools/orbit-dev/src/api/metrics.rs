@@ -35,6 +35,7 @@ pub struct PlatformMetrics {
     leases_released: Counter,
     acks: Family<ResultLabel, Counter>,
     ack_turns: Counter,
+    redelivered: Counter,
 }
 
 impl Default for PlatformMetrics {
@@ -66,6 +67,12 @@ impl Default for PlatformMetrics {
             "Transactions that recorded ACKs (ACKs that arrive together share one)",
             ack_turns.clone(),
         );
+        let redelivered = Counter::default();
+        registry.register(
+            "redelivered",
+            "ACKED deliveries sent back to PENDING on request (POST /v1/deliveries/{id}/redeliver)",
+            redelivered.clone(),
+        );
         PlatformMetrics {
             registry,
             deliveries,
@@ -73,11 +80,17 @@ impl Default for PlatformMetrics {
             leases_released,
             acks,
             ack_turns,
+            redelivered,
         }
     }
 }
 
 impl PlatformMetrics {
+    /// One ACKED delivery sent back to PENDING.
+    pub fn redelivered(&self) {
+        self.redelivered.inc();
+    }
+
     pub fn leases_expired(&self, n: u64) {
         self.leases_expired.inc_by(n);
     }

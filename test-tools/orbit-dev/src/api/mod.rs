@@ -234,10 +234,12 @@ pub fn router(p: Shared, body_timeout: Duration) -> Router {
         .route("/v1/subscriptions/{id}/pause", post(pause))
         .route("/v1/subscriptions/{id}/resume", post(resume))
         .route("/v1/subscriptions/{id}/deliveries", get(list_deliveries))
+        .route("/v1/subscriptions/{id}/acked", get(deliveries::list_acked))
         .route("/v1/subscriptions/{id}/stream", get(stream))
         .route("/v1/deliveries/{id}", get(get_delivery))
         .route("/v1/deliveries/{id}/budget", post(add_budget))
-        .route("/v1/deliveries/{id}/discard", post(deliveries::discard));
+        .route("/v1/deliveries/{id}/discard", post(deliveries::discard))
+        .route("/v1/deliveries/{id}/redeliver", post(deliveries::redeliver));
     if p.fault_api {
         r = r.route("/v1/_faults", post(arm_fault));
     }
