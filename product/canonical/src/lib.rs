@@ -30,7 +30,7 @@ mod timestamp;
 
 /// Strict RFC 3339 date-times in their UTC form (`None` for anything else), as the form
 /// normalises `occurred_at`.
-pub use timestamp::normalize_rfc3339;
+pub use timestamp::{normalize_rfc3339, unix_micros};
 
 /// Largest accepted event, counted on the raw bytes before parsing (whitespace included).
 pub const MAX_EVENT_BYTES: usize = 512 * 1024;

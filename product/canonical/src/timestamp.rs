@@ -9,6 +9,25 @@
 //! prints `YYYY-MM-DDTHH:MM:SS[.fraction]Z` with trailing fraction zeros removed. An instant
 //! whose UTC year leaves 0000–9999 is rejected, so the output is always RFC 3339 too.
 
+/// Microseconds since 1970-01-01T00:00:00Z of a strict RFC 3339 date-time (any offset; digits
+/// past the sixth of the fraction are cut), or `None` when `s` is not one.
+pub fn unix_micros(s: &str) -> Option<i64> {
+    let utc = normalize_rfc3339(s)?;
+    let b = utc.as_bytes();
+    let num = |r: std::ops::Range<usize>| utc.get(r)?.parse::<i64>().ok();
+    // `days_from_civil` counts from its own origin: the epoch's day is subtracted.
+    let days = days_from_civil(num(0..4)?, num(5..7)?, num(8..10)?) - days_from_civil(1970, 1, 1);
+    let seconds = days * 86_400 + num(11..13)? * 3600 + num(14..16)? * 60 + num(17..19)?;
+    let mut micros = 0i64;
+    if b.get(19) == Some(&b'.') {
+        let digits = &utc[20..utc.len() - 1];
+        for i in 0..6 {
+            micros = micros * 10 + digits.as_bytes().get(i).map_or(0, |d| i64::from(d - b'0'));
+        }
+    }
+    Some(seconds * 1_000_000 + micros)
+}
+
 /// The UTC form of a strict RFC 3339 date-time, or `None` when `s` is not one.
 pub fn normalize_rfc3339(s: &str) -> Option<String> {
     let b = s.as_bytes();
@@ -152,6 +171,19 @@ fn civil_from_days(days: i64) -> (i64, i64, i64) {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn unix_micros_counts_from_the_epoch_in_utc() {
+        use super::unix_micros;
+        assert_eq!(unix_micros("1970-01-01T00:00:00Z"), Some(0));
+        assert_eq!(unix_micros("1970-01-01T01:00:00.5+01:00"), Some(500_000));
+        assert_eq!(
+            unix_micros("2026-12-05T10:00:00.1234569Z"),
+            Some(1_796_464_800_123_456)
+        );
+        assert_eq!(unix_micros("1969-12-31T23:59:59Z"), Some(-1_000_000));
+        assert_eq!(unix_micros("2026-12-05 10:00:00Z"), None);
+    }
+
     use super::*;
 
     #[test]

@@ -28,6 +28,7 @@ pub enum Command {
     Consume,
     Retention,
     Prune(PruneArgs),
+    Reconcile(ReconcileArgs),
     Digest {
         queue: Option<QueueId>,
         file: Option<String>,
@@ -53,6 +54,21 @@ pub struct PruneArgs {
     pub max_seconds: Option<u64>,
     pub dry_run: bool,
 }
+
+/// What `receiver reconcile` was asked to do, checked (times in UTC, RFC 3339).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReconcileArgs {
+    pub since: String,
+    /// `None`: up to now.
+    pub until: Option<String>,
+    pub dry_run: bool,
+    /// Redeliver also what was ACKED before the inbox's oldest row (pruned, not lost).
+    pub allow_pruned_window: bool,
+}
+
+/// The longest window `reconcile` takes: a run is bounded, and the platform's listing of a
+/// longer one is better split.
+pub const MAX_RECONCILE_DAYS: i64 = 31;
 
 /// A window as given (`30d`) and in seconds.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -100,6 +116,7 @@ enum Sub {
     Consume(Bare),
     Retention(Bare),
     Prune(PruneFlags),
+    Reconcile(ReconcileFlags),
     Digest(DigestArgs),
     Inspect(InspectArgs),
     Help,
@@ -146,6 +163,21 @@ struct PruneFlags {
 
 #[derive(Args)]
 #[command(disable_help_flag = true)]
+struct ReconcileFlags {
+    #[arg(short, long)]
+    help: bool,
+    #[arg(long, allow_hyphen_values = true)]
+    since: Option<String>,
+    #[arg(long, allow_hyphen_values = true)]
+    until: Option<String>,
+    #[arg(long)]
+    dry_run: bool,
+    #[arg(long)]
+    allow_pruned_window: bool,
+}
+
+#[derive(Args)]
+#[command(disable_help_flag = true)]
 struct InspectArgs {
     #[arg(short, long)]
     help: bool,
@@ -186,6 +218,8 @@ pub fn parse(args: Vec<OsString>) -> Result<Invocation, Usage> {
         Sub::Retention(b) => (b.help, RETENTION_HELP, Some(Command::Retention)),
         Sub::Prune(p) if p.help => (true, PRUNE_HELP, None),
         Sub::Prune(p) => (false, PRUNE_HELP, Some(prune(p)?)),
+        Sub::Reconcile(r) if r.help => (true, RECONCILE_HELP, None),
+        Sub::Reconcile(r) => (false, RECONCILE_HELP, Some(reconcile(r, unix_now())?)),
         Sub::Digest(d) if d.help => (true, DIGEST_HELP, None),
         Sub::Digest(d) => (false, DIGEST_HELP, Some(digest(d)?)),
         Sub::Inspect(i) if i.help => (true, INSPECT_HELP, None),
@@ -282,6 +316,62 @@ fn prune(p: PruneFlags) -> Result<Command, Usage> {
     }))
 }
 
+/// Microseconds since the epoch, now.
+fn unix_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as i64)
+}
+
+/// `reconcile`'s window, checked against `now` (microseconds since the epoch).
+fn reconcile(r: ReconcileFlags, now: i64) -> Result<Command, Usage> {
+    let bad = |problem: String| usage("reconcile", &problem);
+    let time = |flag: &str, v: &str| -> Result<(String, i64), Usage> {
+        match (
+            canonical_form::normalize_rfc3339(v),
+            canonical_form::unix_micros(v),
+        ) {
+            (Some(utc), Some(at)) => Ok((utc, at)),
+            _ => Err(bad(format!(
+                "{flag} {v:?} is not an RFC 3339 time, e.g. 2026-12-05T10:00:00Z"
+            ))),
+        }
+    };
+    let Some(since) = r.since else {
+        return Err(bad(
+            "give --since, the start of the window (RFC 3339, e.g. 2026-12-05T10:00:00Z)".into(),
+        ));
+    };
+    let (since_utc, since_at) = time("--since", &since)?;
+    if since_at >= now {
+        return Err(bad(format!(
+            "--since {since} is in the future: nothing was ACKed then yet"
+        )));
+    }
+    let (until_utc, until_at) = match &r.until {
+        None => (None, now),
+        Some(u) => {
+            let (utc, at) = time("--until", u)?;
+            if at <= since_at {
+                return Err(bad(format!("--until {u} is not after --since {since}")));
+            }
+            (Some(utc), at)
+        }
+    };
+    let days = (until_at - since_at) as f64 / 86_400e6;
+    if days > MAX_RECONCILE_DAYS as f64 {
+        return Err(bad(format!(
+            "the window is {days:.1} days, longer than the {MAX_RECONCILE_DAYS} days one run takes: split it with --until"
+        )));
+    }
+    Ok(Command::Reconcile(ReconcileArgs {
+        since: since_utc,
+        until: until_utc,
+        dry_run: r.dry_run,
+        allow_pruned_window: r.allow_pruned_window,
+    }))
+}
+
 /// `text` as a whole number and one of `units` (name, how many of the smallest unit), in the
 /// smallest unit; why not, in a few words. Zero only if `zero_ok` (then with or without a unit).
 fn duration_seconds(text: &str, units: &[(&str, u64)], zero_ok: bool) -> Result<u64, String> {
@@ -368,7 +458,10 @@ fn usage_line(command: &str, e: &clap::Error) -> Usage {
             "prune" if flag.starts_with("--") => {
                 usage("prune", &format!("unknown flag `{flag}`"))
             }
-            "digest" | "inspect" | "prune" => {
+            "reconcile" if flag.starts_with("--") => {
+                usage("reconcile", &format!("unknown flag `{flag}`"))
+            }
+            "digest" | "inspect" | "prune" | "reconcile" => {
                 usage(command, &format!("unexpected argument `{flag}`"))
             }
             "help" => Usage(format!(
@@ -388,6 +481,7 @@ fn usage_line(command: &str, e: &clap::Error) -> Usage {
                 "--pause" => "a duration, e.g. 20ms",
                 "--max-seconds" => "a number of seconds",
                 "--max-rate" => "a number of rows a second",
+                "--since" | "--until" => "an RFC 3339 time, e.g. 2026-12-05T10:00:00Z",
                 _ => "an id",
             };
             usage(command, &format!("{flag} needs {needs}"))
@@ -405,7 +499,8 @@ commands:
   digest     print an event's canonical bytes and SHA-256 (read-only)
   inspect    show what the receiver (and the platform) recorded for an event or a task (read-only)
   retention  inbox size and age per consumer and queue (read-only)
-  prune      delete inbox rows older than a window, in small batches (a prune account)";
+  prune      delete inbox rows older than a window, in small batches (a prune account)
+  reconcile  find ACKED deliveries whose event the inbox lacks (a restore) and have them redelivered";
 
 pub const DIGEST_HELP: &str = "usage: receiver digest [--queue QUEUE] [FILE]
 
@@ -443,6 +538,30 @@ with other content is no longer seen as a conflict.
 
 environment:
   ORBIT_RECEIVER_DSN  the receiver database";
+
+pub const RECONCILE_HELP: &str = "usage: receiver reconcile --since TIME [--until TIME] [--dry-run] [--allow-pruned-window]
+
+Lists the subscription's deliveries the platform holds as ACKED in [--since, --until) (RFC 3339,
+e.g. 2026-12-05T10:00:00Z; --until defaults to now; at most 31 days), page by page, finds those
+whose event has no inbox row under RECEIVER_NAME and the queue (one indexed lookup per page),
+and asks the platform to deliver each of them again (POST /v1/deliveries/{id}/redeliver), so
+that it flows through `consume` and its dedup like any delivery. After a restore of the
+receiver's database, start the window at the backup's point in time, or a little before.
+It reads the database only (the runtime account's SELECT suffices) and needs events:read, and
+events:manage unless --dry-run. Prints each missing delivery and one summary line:
+`reconcile window=… deliveries=… present=… missing=… redelivered=… refused=… pruned=… pages=… seconds=… result=…`.
+A delivery without a row that was ACKED before the inbox's oldest row was removed by `receiver
+prune`, not lost (a restore loses the newest rows, never the oldest): it is counted as pruned
+and not redelivered, unless --allow-pruned-window (its redelivery is harmless: recorded as not
+applied, R-STORE-12).
+
+exit status: 0 nothing missing (or every missing one redelivered), 3 --dry-run found some
+missing, 1 the platform or the database failed (what was asked stays asked), 2 usage,
+configuration, a credential without the scopes, or a subscription of another queue.
+
+environment:
+  ORBIT_URL, ORBIT_CREDENTIALS_FILE (or ORBIT_TOKEN and ORBIT_QUEUE_ID), ORBIT_SUBSCRIPTION_ID
+  ORBIT_RECEIVER_DSN, RECEIVER_NAME";
 
 pub const PRUNE_HELP: &str = "usage: receiver prune --older-than WINDOW [--dry-run] [--batch-rows N] [--pause D] [--max-rate N] [--max-seconds N] [--allow-short-window]
 

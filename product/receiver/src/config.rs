@@ -671,6 +671,34 @@ impl PruneConfig {
     }
 }
 
+/// What `receiver reconcile` needs: the platform and subscription, the receiver database, the
+/// consumer name (the queue is the platform's).
+#[derive(Debug, Clone)]
+pub struct ReconcileConfig {
+    pub run: RunConfig,
+    pub subscription: orbit_sdk::SubscriptionId,
+}
+
+impl ReconcileConfig {
+    /// Parses every variable `reconcile` reads.
+    pub fn from_source(source: &dyn Source) -> Result<Self, ConfigErrors> {
+        not_utf8(source)?;
+        let mut errors = Vec::new();
+        let run = RunConfig::read(source, &mut errors);
+        let subscription = subscription_id(
+            source,
+            &mut errors,
+            "is not set: give the 32-character id of the subscription whose ACKED deliveries reconcile checks",
+        );
+        match (run, subscription) {
+            (Some(run), Some(subscription)) if errors.is_empty() => {
+                Ok(ReconcileConfig { run, subscription })
+            }
+            _ => Err(ConfigErrors(errors)),
+        }
+    }
+}
+
 /// What `receiver init` needs.
 #[derive(Debug, Clone)]
 pub struct InitConfig {

@@ -25,3 +25,4 @@ pub mod metrics;
 pub mod mutant;
 pub mod outage;
 pub mod prune;
+pub mod reconcile;

@@ -23,6 +23,7 @@ pub fn main() -> ExitCode {
             Command::Consume => consume(),
             Command::Retention => retention(),
             Command::Prune(args) => prune(&args),
+            Command::Reconcile(args) => reconcile(&args),
             Command::Digest { queue, file } => digest(queue, file),
             Command::Inspect {
                 target,
@@ -186,6 +187,30 @@ fn prune(args: &receiver::cli::PruneArgs) -> ExitCode {
         Err(e) => {
             eprintln!("receiver prune: {e}");
             ExitCode::FAILURE
+        }
+    }
+}
+
+fn reconcile(args: &receiver::cli::ReconcileArgs) -> ExitCode {
+    let config = match receiver::config::ReconcileConfig::from_source(&ProcessEnv) {
+        Ok(c) => c,
+        Err(errors) => return config_failed("reconcile", errors),
+    };
+    let rt = runtime();
+    match rt.block_on(receiver::reconcile::run(&config, args)) {
+        Ok(summary) => {
+            println!("{summary}");
+            if let Some(why) = &summary.failed {
+                eprintln!(
+                    "receiver reconcile: {why} (after {} deliveries in {} pages; the redeliveries asked for stay asked)",
+                    summary.deliveries, summary.pages
+                );
+            }
+            ExitCode::from(summary.exit_code())
+        }
+        Err(e) => {
+            eprintln!("receiver reconcile: {e}");
+            ExitCode::from(e.exit_code())
         }
     }
 }

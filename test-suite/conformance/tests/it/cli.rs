@@ -154,6 +154,7 @@ fn help_texts() {
         &["inspect", "--help"],
         &["retention", "--help"],
         &["prune", "--help"],
+        &["reconcile", "--help"],
     ] {
         let out = receiver(args, &[]);
         assert!(out.status.success());

@@ -16,6 +16,7 @@ mod nemesis;
 mod outage;
 mod platform;
 mod prune;
+mod recovery;
 mod schema;
 mod storage;
 mod tls;
