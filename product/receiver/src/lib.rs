@@ -24,5 +24,6 @@ pub mod metrics;
 #[cfg(feature = "mutants")]
 pub mod mutant;
 pub mod outage;
+pub mod progress;
 pub mod prune;
 pub mod reconcile;

@@ -7,7 +7,6 @@
 
 use std::fmt;
 use std::future::Future;
-use std::io::{IsTerminal, Write};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -16,14 +15,12 @@ use result_inbox::prune::{PruneError, Pruner};
 
 use crate::cli::PruneArgs;
 use crate::config::PruneConfig;
+use crate::progress::Progress;
 
 /// How many times one batch is tried again after a lock wait timeout or a deadlock.
 pub const LOCK_RETRIES: u32 = 10;
 /// The least wait before a batch that met a lock is tried again.
 const LOCK_BACKOFF: Duration = Duration::from_millis(200);
-/// How often progress is redrawn on a terminal, and written as a line elsewhere.
-const TERMINAL_PROGRESS: Duration = Duration::from_secs(1);
-const LOG_PROGRESS: Duration = Duration::from_secs(10);
 
 /// Why a run ended.
 #[derive(Debug)]
@@ -133,66 +130,6 @@ pub enum Report {
     Pruned(Summary),
 }
 
-/// Progress on standard error: redrawn in place on a terminal, a line now and then elsewhere
-/// (a timer's journal).
-struct Progress {
-    terminal: bool,
-    every: Duration,
-    last: Instant,
-    drawn: bool,
-}
-
-impl Progress {
-    fn new() -> Progress {
-        let terminal = std::io::stderr().is_terminal();
-        Progress {
-            terminal,
-            every: if terminal {
-                TERMINAL_PROGRESS
-            } else {
-                LOG_PROGRESS
-            },
-            last: Instant::now(),
-            drawn: false,
-        }
-    }
-
-    fn show(&mut self, s: &Summary, started: Instant, at: &Option<String>) {
-        if self.last.elapsed() < self.every {
-            return;
-        }
-        self.last = Instant::now();
-        let secs = started.elapsed().as_secs_f64().max(0.001);
-        let line = format!(
-            "prune: {} rows deleted ({:.0}/s), {} bytes, {} batches, at {}",
-            s.rows,
-            s.rows as f64 / secs,
-            s.bytes,
-            s.batches,
-            oldest(at)
-        );
-        let mut err = std::io::stderr().lock();
-        if self.terminal {
-            let _ = write!(err, "\r\x1b[2K{line}");
-            self.drawn = true;
-        } else {
-            let _ = writeln!(err, "{line}");
-        }
-    }
-
-    fn say(&mut self, line: &str) {
-        self.finish();
-        eprintln!("prune: {line}");
-    }
-
-    fn finish(&mut self) {
-        if self.drawn {
-            let _ = write!(std::io::stderr().lock(), "\r\x1b[2K");
-            self.drawn = false;
-        }
-    }
-}
-
 /// Runs `receiver prune`. `Err` only when nothing was done (the connection, the index, the
 /// window's edge); a failure after the first batch is the summary's [`Ending::Failed`].
 pub async fn run(
@@ -236,7 +173,7 @@ pub async fn run(
 
     let started = Instant::now();
     let limit = args.max_seconds.map(Duration::from_secs);
-    let mut progress = Progress::new();
+    let mut progress = Progress::new("prune");
     let mut summary = Summary {
         window,
         cutoff,
@@ -267,7 +204,17 @@ pub async fn run(
                 summary.bytes += b.bytes;
                 summary.batches += 1;
                 let at = pruner.position().map(str::to_owned);
-                progress.show(&summary, started, &at);
+                progress.show(|| {
+                    let secs = started.elapsed().as_secs_f64().max(0.001);
+                    format!(
+                        "{} rows deleted ({:.0}/s), {} bytes, {} batches, at {}",
+                        summary.rows,
+                        summary.rows as f64 / secs,
+                        summary.bytes,
+                        summary.batches,
+                        oldest(&at)
+                    )
+                });
             }
             Err(e) if e.is_lock_conflict() && conflicts < LOCK_RETRIES => {
                 conflicts += 1;
@@ -293,7 +240,7 @@ pub async fn run(
         }
     };
     watcher.abort();
-    progress.finish();
+    progress.clear();
     summary.seconds = started.elapsed().as_secs_f64();
     summary.oldest_left = match &summary.ending {
         // The connection may be what failed: no further statement on it.

@@ -9,8 +9,7 @@
 
 use std::collections::HashSet;
 use std::fmt;
-use std::io::{IsTerminal, Write};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use orbit_sdk::wire::{SCOPE_EVENTS_MANAGE, SCOPE_EVENTS_READ};
 use orbit_sdk::SdkError;
@@ -18,14 +17,12 @@ use sqlx::{Connection, MySqlConnection};
 
 use crate::cli::ReconcileArgs;
 use crate::config::ReconcileConfig;
+use crate::progress::Progress;
 
 /// Deliveries per page of the platform's listing.
 pub const PAGE: u32 = 1_000;
 /// The exit status of a `--dry-run` that found events missing.
 pub const MISSING: u8 = 3;
-/// How often progress is redrawn on a terminal, and written as a line elsewhere.
-const TERMINAL_PROGRESS: Duration = Duration::from_secs(1);
-const LOG_PROGRESS: Duration = Duration::from_secs(10);
 
 /// Why a run could not start, or stopped.
 #[derive(Debug, thiserror::Error)]
@@ -178,7 +175,7 @@ pub async fn run(
         dry_run: args.dry_run,
         ..Summary::default()
     };
-    let mut progress = Progress::new();
+    let mut progress = Progress::new("reconcile");
     let mut after: Option<String> = None;
     loop {
         let page = match client
@@ -248,7 +245,12 @@ pub async fn run(
         if summary.failed.is_some() {
             break;
         }
-        progress.show(&summary);
+        progress.show(|| {
+            format!(
+                "{} ACKED deliveries read in {} pages, {} missing so far",
+                summary.deliveries, summary.pages, summary.missing
+            )
+        });
         match page.next {
             Some(next) => after = Some(next),
             None => break,
@@ -297,53 +299,6 @@ fn redacted(e: &sqlx::Error) -> String {
     match e {
         sqlx::Error::Database(d) => format!("{} ({})", d.message(), d.code().unwrap_or_default()),
         other => other.to_string(),
-    }
-}
-
-/// Progress on standard error: redrawn on a terminal, a line every 10 s elsewhere.
-struct Progress {
-    terminal: bool,
-    last: Instant,
-    drawn: bool,
-}
-
-impl Progress {
-    fn new() -> Progress {
-        Progress {
-            terminal: std::io::stderr().is_terminal(),
-            last: Instant::now(),
-            drawn: false,
-        }
-    }
-
-    fn show(&mut self, s: &Summary) {
-        let every = if self.terminal {
-            TERMINAL_PROGRESS
-        } else {
-            LOG_PROGRESS
-        };
-        if self.last.elapsed() < every {
-            return;
-        }
-        self.last = Instant::now();
-        let line = format!(
-            "reconcile: {} ACKED deliveries read in {} pages, {} missing so far",
-            s.deliveries, s.pages, s.missing
-        );
-        let mut err = std::io::stderr().lock();
-        if self.terminal {
-            let _ = write!(err, "\r\x1b[2K{line}");
-            self.drawn = true;
-        } else {
-            let _ = writeln!(err, "{line}");
-        }
-    }
-
-    fn clear(&mut self) {
-        if self.drawn {
-            let _ = write!(std::io::stderr().lock(), "\r\x1b[2K");
-            self.drawn = false;
-        }
     }
 }
 
