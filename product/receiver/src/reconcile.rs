@@ -70,6 +70,10 @@ pub struct Summary {
     /// `--allow-pruned-window`.
     pub pruned: u64,
     pub pages: u64,
+    /// When the platform forgets ACKED deliveries after a retention and the window starts
+    /// before what it still holds: the oldest ACK time it lists them all from. What the inbox
+    /// lost of the events ACKED before it cannot be found or recovered from the platform.
+    pub retained_since: Option<String>,
     pub seconds: f64,
     pub dry_run: bool,
     /// Why the run stopped early, if it did.
@@ -100,7 +104,7 @@ impl fmt::Display for Summary {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "reconcile window={} deliveries={} present={} missing={} redelivered={} refused={} pruned={} pages={} seconds={:.1} result={}",
+            "reconcile window={} deliveries={} present={} missing={} redelivered={} refused={} pruned={} pages={} retained_since={} seconds={:.1} result={}",
             self.window,
             self.deliveries,
             self.present,
@@ -109,6 +113,7 @@ impl fmt::Display for Summary {
             self.refused,
             self.pruned,
             self.pages,
+            self.retained_since.as_deref().unwrap_or("-"),
             self.seconds,
             self.result()
         )
@@ -195,6 +200,18 @@ pub async fn run(
             }
         };
         summary.pages += 1;
+        if summary.pages == 1 {
+            summary.retained_since = page.retained_since.filter(|h| {
+                canonical_form::unix_micros(h) > canonical_form::unix_micros(&args.since)
+            });
+            if let Some(h) = &summary.retained_since {
+                progress.clear();
+                eprintln!(
+                    "reconcile: the platform keeps ACKED deliveries only since {h} (its retention), and the window starts at {}: what the inbox lost of the events ACKED before {h} can be neither listed nor redelivered, so it cannot be recovered from the platform",
+                    args.since
+                );
+            }
+        }
         summary.deliveries += page.deliveries.len() as u64;
         let present = match present(&mut db, consumer, queue, &page.deliveries).await {
             Ok(p) => p,
@@ -319,7 +336,7 @@ mod tests {
         };
         assert_eq!(
             s.to_string(),
-            "reconcile window=2026-12-05T10:00:00Z..now deliveries=12 present=9 missing=3 redelivered=0 refused=0 pruned=0 pages=1 seconds=0.0 result=missing"
+            "reconcile window=2026-12-05T10:00:00Z..now deliveries=12 present=9 missing=3 redelivered=0 refused=0 pruned=0 pages=1 retained_since=- seconds=0.0 result=missing"
         );
         assert_eq!(s.exit_code(), MISSING);
         let done = Summary {

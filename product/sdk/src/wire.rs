@@ -129,6 +129,11 @@ pub struct AckedPage {
     pub deliveries: Vec<DeliveryInfo>,
     /// The cursor of the next page (`after`), or `None` after the last.
     pub next: Option<String>,
+    /// A platform that forgets ACKED deliveries after a retention: the oldest ACK time it still
+    /// lists them all from (RFC 3339, UTC). A delivery ACKED before it may be gone, and can then
+    /// be neither listed nor redelivered. `None` when it keeps them for ever.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retained_since: Option<String>,
 }
 
 /// `POST /v1/deliveries/{id}/redeliver`.

@@ -27,6 +27,7 @@
 //! ([`netns`]), print a password (every password and URL is a `secret::Secret`), or
 //! touch a database it did not create.
 
+mod at_rest;
 mod cleanup;
 pub mod forward;
 mod galera;
@@ -45,6 +46,9 @@ pub use container::{DEFAULT_IMAGE, TESTDB_CONTAINER_IMAGE, TESTDB_CONTAINER_WAIT
 use std::sync::OnceLock;
 use std::time::Duration;
 
+pub use at_rest::{
+    server_options as encryption_options, write_key_file, Backup, ENCRYPTED_NOTE, TESTDB_ENCRYPTED,
+};
 pub use forward::Forwarder;
 pub use galera::{provider as galera_provider, PROVIDER_PATHS, TESTDB_GALERA_PROVIDER};
 pub use provision::{Account, Provisioned};
@@ -203,6 +207,14 @@ impl Server {
     /// Starts (or connects to) a server owned by the caller; it is removed on drop.
     pub fn start() -> Result<Server, Error> {
         let forced = env(TESTDB_BACKEND);
+        if env(TESTDB_ENCRYPTED).is_some() {
+            return match forced.as_deref() {
+                None | Some("local") => Self::local_encrypted(),
+                Some(other) => Err(Error::Config(format!(
+                    "{TESTDB_ENCRYPTED} needs the local backend, and {TESTDB_BACKEND} is {other}"
+                ))),
+            };
+        }
         if env(TESTDB_TLS).is_some() {
             return match forced.as_deref() {
                 None | Some("local") => Self::local_tls(&TLS_NAMES),

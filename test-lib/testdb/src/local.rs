@@ -124,6 +124,54 @@ pub(crate) struct LocalServer {
     tls: Option<ServerTls>,
     /// Further options it was started with (a replication member's), kept for a restart.
     extra: Vec<String>,
+    /// What its description adds (`, encrypted at rest`, `, restored from a backup`).
+    note: String,
+}
+
+/// Where a new server's datadir comes from.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Datadir<'a> {
+    /// A fresh one, from the installer.
+    Fresh,
+    /// A copy of a prepared backup in this directory (`mariadb-backup --copy-back`).
+    Restored(&'a Path),
+}
+
+/// The hot backup tool of MariaDB (`mariadb-backup`, formerly `mariabackup`).
+pub(crate) fn backup_tool() -> Result<PathBuf, Error> {
+    find_in_path("mariadb-backup")
+        .or_else(|| find_in_path("mariabackup"))
+        .ok_or_else(|| {
+            Error::NoServerProgram(
+                "mariadb-backup is not installed: install Debian's mariadb-backup (scripts/install-deps does)".into(),
+            )
+        })
+}
+
+/// Runs MariaDB's backup tool with `args` after `--no-defaults`, its output into `log`.
+fn run_backup_tool(args: &[String], log: &Path, what: &str) -> Result<(), Error> {
+    let tool = backup_tool()?;
+    let out =
+        fs::File::create(log).map_err(Error::io(format!("cannot create {}", log.display())))?;
+    let status = Command::new(&tool)
+        .arg("--no-defaults")
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(
+            out.try_clone()
+                .map_err(Error::io(format!("cannot write {}", log.display())))?,
+        )
+        .stderr(out)
+        .status()
+        .map_err(Error::io(format!("cannot run {}", tool.display())))?;
+    if !status.success() {
+        return Err(Error::Server {
+            what: format!("{what} failed ({status})"),
+            tail: tail(log, 2000),
+            log: log.to_path_buf(),
+        });
+    }
+    Ok(())
 }
 
 /// Writes a TLS server's certificates into its directory; what the server is started with.
@@ -150,6 +198,17 @@ impl LocalServer {
         tls: Option<MakeTls<'_>>,
         extra: Vec<String>,
     ) -> Result<LocalServer, Error> {
+        Self::start_on(tls, extra, Datadir::Fresh, "")
+    }
+
+    /// A server on a datadir from `datadir`, with further options `extra`; `note` is added to
+    /// its description.
+    pub(crate) fn start_on(
+        tls: Option<MakeTls<'_>>,
+        extra: Vec<String>,
+        datadir: Datadir<'_>,
+        note: &str,
+    ) -> Result<LocalServer, Error> {
         let program = find_program()?;
         let root = root_dir();
         fs::create_dir_all(&root)
@@ -167,7 +226,11 @@ impl LocalServer {
         fs::write(dir.join("owner.pid"), std::process::id().to_string())
             .map_err(Error::io(format!("cannot write in {}", dir.display())))?;
 
-        let result = Self::install(&program, &dir).and_then(|()| {
+        let made = match datadir {
+            Datadir::Fresh => Self::install(&program, &dir),
+            Datadir::Restored(backup) => Self::copy_back(backup, &dir),
+        };
+        let result = made.and_then(|()| {
             let tls = tls.map(|make| make(&dir)).transpose()?;
             // A port can be taken between choosing and binding; try a few.
             let mut last = None;
@@ -178,6 +241,7 @@ impl LocalServer {
                     free_loopback_port()?,
                     tls.clone(),
                     extra.clone(),
+                    note,
                 ) {
                     Ok(server) => return Ok(server),
                     Err(e @ Error::PortInUse { .. }) => last = Some(e),
@@ -249,12 +313,104 @@ impl LocalServer {
         Ok(())
     }
 
+    /// Copies the prepared backup in `backup` into `dir`'s datadir, as an operator restores one.
+    fn copy_back(backup: &Path, dir: &Path) -> Result<(), Error> {
+        let tmp = dir.join("tmp");
+        fs::create_dir_all(&tmp).map_err(Error::io(format!("cannot create {}", tmp.display())))?;
+        run_backup_tool(
+            &[
+                "--copy-back".to_owned(),
+                format!("--target-dir={}", backup.display()),
+                format!("--datadir={}", dir.join("data").display()),
+            ],
+            &dir.join("restore.log"),
+            "restoring the backup (mariadb-backup --copy-back)",
+        )
+    }
+
+    /// Takes a hot backup of the running server into `target` (which must not exist) with
+    /// `mariadb-backup --backup`, then prepares it (`--prepare`: the redo copied during the
+    /// backup applied, so that the copy is consistent as of one point); how long each took.
+    pub(crate) fn backup(&self, target: &Path) -> Result<(Duration, Duration), Error> {
+        let started = Instant::now();
+        let mut args = vec![
+            "--backup".to_owned(),
+            format!("--target-dir={}", target.display()),
+            format!("--datadir={}", self.dir.join("data").display()),
+            format!("--socket={}", self.socket().display()),
+            "--user=root".to_owned(),
+        ];
+        // An encrypted server's files are read with its key plugin.
+        let keys = crate::at_rest::key_options(&self.extra);
+        args.extend(keys.iter().cloned());
+        let log = target.with_extension("backup.log");
+        run_backup_tool(&args, &log, "the hot backup (mariadb-backup --backup)")?;
+        let took = started.elapsed();
+        let started = Instant::now();
+        let mut args = vec![
+            "--prepare".to_owned(),
+            format!("--target-dir={}", target.display()),
+        ];
+        args.extend(keys);
+        run_backup_tool(
+            &args,
+            &target.with_extension("prepare.log"),
+            "preparing the backup (mariadb-backup --prepare)",
+        )?;
+        Ok((took, started.elapsed()))
+    }
+
+    /// The further options it was started with.
+    pub(crate) fn options(&self) -> &[String] {
+        &self.extra
+    }
+
+    /// `SET GLOBAL innodb_fast_shutdown = 0` and `SHUTDOWN` as the admin at `url`; waits until
+    /// the process has exited.
+    pub(crate) fn shut_down(&self, url: &secret::Secret) -> Result<(), Error> {
+        provision::block_on(async {
+            use sqlx::{Connection, Executor};
+            let mut conn = sqlx::MySqlConnection::connect(url.expose())
+                .await
+                .map_err(Error::sql("cannot connect as admin"))?;
+            conn.execute("SET GLOBAL innodb_fast_shutdown = 0")
+                .await
+                .map_err(Error::sql("SET GLOBAL innodb_fast_shutdown failed"))?;
+            // The server may close the connection before it answers.
+            let _ = conn.execute("SHUTDOWN").await;
+            Ok::<(), Error>(())
+        })?;
+        let started = Instant::now();
+        while self.try_wait().is_none() {
+            if started.elapsed() > READY_TIMEOUT {
+                return Err(Error::Server {
+                    what: format!(
+                        "the server on 127.0.0.1:{} did not exit within {READY_TIMEOUT:?} of SHUTDOWN",
+                        self.port
+                    ),
+                    log: self.log_path(),
+                    tail: tail(&self.log_path(), 3000),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        self.kill();
+        Ok(())
+    }
+
+    /// The server's own directory: its datadir (`data/`), its temporary directory (`tmp/`),
+    /// its socket and its logs.
+    pub(crate) fn dir(&self) -> &Path {
+        &self.dir
+    }
+
     fn launch(
         program: &Program,
         dir: &Path,
         port: u16,
         tls: Option<ServerTls>,
         extra: Vec<String>,
+        note: &str,
     ) -> Result<LocalServer, Error> {
         let _ = fs::remove_file(dir.join("error.log"));
         let child = Self::spawn(program, dir, port, tls.as_ref(), &extra)?;
@@ -268,6 +424,7 @@ impl LocalServer {
             description: String::new(),
             tls,
             extra,
+            note: note.to_owned(),
         };
         let version = server.wait_ready(&dir.join("error.log"))?;
         let name = program
@@ -280,7 +437,10 @@ impl LocalServer {
         } else {
             ""
         };
-        server.description = format!("{version} (local {name}, 127.0.0.1:{port}{tls})");
+        server.description = format!(
+            "{version} (local {name}, 127.0.0.1:{port}{tls}{})",
+            server.note
+        );
         Ok(server)
     }
 

@@ -24,7 +24,8 @@ use tokio::sync::Notify;
 const USAGE: &str = "usage:
   orbit-dev serve [--listen 127.0.0.1:8080] [--lease-seconds 30] [--max-attempts 5] [--window 64]
                   [--header-timeout-seconds 10] [--body-timeout-seconds 30] [--max-connections 1024]
-                  [--enable-fault-api] [--vary-events SEED] [--tls-cert FILE --tls-key FILE]
+                  [--enable-fault-api] [--vary-events SEED] [--acked-retention-seconds N]
+                  [--tls-cert FILE --tls-key FILE]
   orbit-dev bootstrap --application NAME --namespace NAME --environment NAME --queue ID [--event-access] --output PATH [--force]
 
 environment:
@@ -36,7 +37,9 @@ serve: prints `listening=HOST:PORT` on stdout once it accepts connections. Lease
   --enable-fault-api adds POST /v1/_faults (test-only faults: drop-next-ack-reply,
   close-stream-after-delivery, oversize-next-delivery, …); without it the endpoint does not exist.
   --vary-events SEED writes each event as another JSON writer might, drawn from SEED: member
-  order, whitespace, \\u escapes, occurred_at's offset and fraction (docs/orbit-protocol.md). With --tls-cert (a PEM
+  order, whitespace, \\u escapes, occurred_at's offset and fraction (docs/orbit-protocol.md).
+  --acked-retention-seconds N forgets ACKED deliveries N seconds after their ACK (kept for ever
+  by default): what is forgotten can no longer be listed or redelivered. With --tls-cert (a PEM
   chain, the server's certificate first) and --tls-key (its PEM private key) it serves HTTPS
   and WSS only, on the same routes and limits; ORBIT_MYSQL_DSN may carry ssl-mode and ssl-ca.
 bootstrap: creates the namespace and queue if missing and a new credential bound to the queue
@@ -115,6 +118,8 @@ struct ServeOptions {
     window: u32,
     fault_api: bool,
     vary_events: Option<u64>,
+    /// `--acked-retention-seconds`.
+    acked_retention: Option<Duration>,
     limits: serve::Limits,
     /// `--tls-cert`, `--tls-key`.
     tls: Option<(std::path::PathBuf, std::path::PathBuf)>,
@@ -135,6 +140,7 @@ fn parse_serve(args: &[String]) -> Result<ServeOptions, Failure> {
         window: 64,
         fault_api: false,
         vary_events: None,
+        acked_retention: None,
         limits: serve::Limits::default(),
         tls: None,
     };
@@ -162,6 +168,14 @@ fn parse_serve(args: &[String]) -> Result<ServeOptions, Failure> {
             }
             "--enable-fault-api" => o.fault_api = true,
             "--vary-events" => o.vary_events = Some(number(flag, it.next(), 0, u64::MAX)?),
+            "--acked-retention-seconds" => {
+                o.acked_retention = Some(Duration::from_secs(number(
+                    flag,
+                    it.next(),
+                    1,
+                    366 * 86_400,
+                )?))
+            }
             "--tls-cert" | "--tls-key" => {
                 let file = it
                     .next()
@@ -207,6 +221,7 @@ async fn serve(o: ServeOptions, dsn: String) -> Result<(), Failure> {
         window: o.window,
         fault_api: o.fault_api,
         vary: o.vary_events.map(vary::Vary::new),
+        acked_retention: o.acked_retention,
         wake: Notify::new(),
         drop_next_ack_reply: AtomicBool::new(false),
         drop_next_ack: AtomicBool::new(false),
@@ -218,6 +233,9 @@ async fn serve(o: ServeOptions, dsn: String) -> Result<(), Failure> {
         metrics: api::metrics::PlatformMetrics::default(),
     });
     tokio::spawn(api::expire_leases(platform.clone()));
+    if platform.acked_retention.is_some() {
+        tokio::spawn(api::forget_acked(platform.clone()));
+    }
     println!("listening={addr}");
     let app = api::router(platform, o.limits.body_timeout);
     let stop = async {

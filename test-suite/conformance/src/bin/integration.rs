@@ -9,7 +9,8 @@
 //! otherwise the run fails, naming what was left (and removes it). The suites' logs go to
 //! `target/integration-logs/`; a failed suite's log is also printed. A variant runs a suite's
 //! tests again under a name of its own with one `testdb` variable set (`storage-tls`: the
-//! storage suite on a server that speaks only TLS).
+//! storage suite on a server that speaks only TLS; `storage-encrypted`: on a server that
+//! encrypts at rest).
 //!
 //! Options: `--jobs N` (suites at once; default 3), `--only SUITE[,SUITE…]`, `--containers`,
 //! and after `--` arguments for every test process (e.g. `-- --include-ignored`).
@@ -70,8 +71,16 @@ const LOCAL_ONLY: &[(&str, &str)] = &[
         "a local server that speaks only TLS, with certificates made for the run; the storage suite itself runs on the container server",
     ),
     (
+        "storage-encrypted",
+        "a local server that encrypts at rest, with a key file made for the run; the storage suite itself runs on the container server",
+    ),
+    (
         "tls",
         "local servers that speak only TLS, with certificates made for each test",
+    ),
+    (
+        "at_rest",
+        "it reads the files of a local server's datadir, with and without encryption at rest",
     ),
     (
         "deploy",
@@ -81,8 +90,12 @@ const LOCAL_ONLY: &[(&str, &str)] = &[
 
 /// Suites run a second time, under a name of their own, with one variable set: the name, the
 /// suite, and the variable. `storage-tls` is the storage suite with every connection over
-/// verified TLS to a server that refuses plain TCP (R-TLS-1).
-const VARIANTS: &[(&str, &str, &str)] = &[("storage-tls", "storage", testdb::TESTDB_TLS)];
+/// verified TLS to a server that refuses plain TCP (R-TLS-1); `storage-encrypted` is the
+/// storage suite on a server that encrypts everything it writes (docs/recovery.md).
+const VARIANTS: &[(&str, &str, &str)] = &[
+    ("storage-tls", "storage", testdb::TESTDB_TLS),
+    ("storage-encrypted", "storage", testdb::TESTDB_ENCRYPTED),
+];
 
 /// On the container run: suites on the container server whose database-loss tests start a
 /// local server of their own, and why.
@@ -102,6 +115,10 @@ const PARTLY_LOCAL: &[(&str, &str)] = &[
     (
         "prune",
         "its database-loss test kills a prune's server mid-run and restarts it",
+    ),
+    (
+        "recovery",
+        "its restore drill takes a hot backup of a local server with mariadb-backup and restores it onto a new one",
     ),
 ];
 
@@ -279,6 +296,18 @@ fn run_suite(run: &Run, suite: &str, tests: &[String]) -> Outcome {
         .any(|(name, _, variable)| *name == suite && *variable == testdb::TESTDB_TLS);
     if tls_variant && (servers.is_empty() || servers.iter().any(|s| !s.contains("TLS only"))) {
         eprintln!("integration: suite {suite} must run on TLS-only servers; it had: {servers:?}");
+        ok = false;
+    }
+    // Likewise an encrypted variant on a server that does not encrypt.
+    let encrypted_variant = VARIANTS
+        .iter()
+        .any(|(name, _, variable)| *name == suite && *variable == testdb::TESTDB_ENCRYPTED);
+    if encrypted_variant
+        && (servers.is_empty() || servers.iter().any(|s| !s.contains(testdb::ENCRYPTED_NOTE)))
+    {
+        eprintln!(
+            "integration: suite {suite} must run on servers encrypted at rest; it had: {servers:?}"
+        );
         ok = false;
     }
     Outcome {
@@ -547,15 +576,24 @@ fn report(
         println!("\n===== {} (failed) — {} =====", o.suite, o.log.display());
         println!("{}", fs::read_to_string(&o.log).unwrap_or_default());
     }
+    // The suite column is as wide as the longest name (`storage-encrypted`).
+    let w = results
+        .iter()
+        .map(|o| o.suite.len())
+        .chain(not_run.iter().map(|(s, _, _)| s.len()))
+        .max()
+        .unwrap_or(0)
+        .max(14);
     println!(
-        "\n{:<14} {:>6} {:>7} {:>7} {:>8} {:>8}{}",
+        "\n{:<w$} {:>6} {:>7} {:>7} {:>8} {:>8}{}",
         "suite",
         "tests",
         "passed",
         "failed",
         "ignored",
         "seconds",
-        if containers { "  servers" } else { "" }
+        if containers { "  servers" } else { "" },
+        w = w
     );
     let mut mismatches = Vec::new();
     for o in results {
@@ -567,25 +605,36 @@ fn report(
             String::new()
         };
         println!(
-            "{:<14} {:>6} {:>7} {:>7} {:>8} {:>8.1}{column}",
-            o.suite, o.tests, o.passed, o.failed, o.ignored, o.seconds
+            "{:<w$} {:>6} {:>7} {:>7} {:>8} {:>8.1}{column}",
+            o.suite,
+            o.tests,
+            o.passed,
+            o.failed,
+            o.ignored,
+            o.seconds,
+            w = w
         );
     }
     for (suite, tests, _) in not_run {
         println!(
-            "{suite:<14} {tests:>6} {:>7} {:>7} {:>8} {:>8}  not run: needs a local server",
-            "-", "-", "-", "-"
+            "{suite:<w$} {tests:>6} {:>7} {:>7} {:>8} {:>8}  not run: needs a local server",
+            "-",
+            "-",
+            "-",
+            "-",
+            w = w
         );
     }
     let sum = |f: fn(&Outcome) -> usize| results.iter().map(f).sum::<usize>();
     println!(
-        "{:<14} {:>6} {:>7} {:>7} {:>8} {:>8.1}  (wall clock)",
+        "{:<w$} {:>6} {:>7} {:>7} {:>8} {:>8.1}  (wall clock)",
         "total",
         sum(|o| o.tests),
         sum(|o| o.passed),
         sum(|o| o.failed),
         sum(|o| o.ignored),
-        started.elapsed().as_secs_f64()
+        started.elapsed().as_secs_f64(),
+        w = w
     );
     for (suite, _, why) in not_run {
         println!("containers: {suite} not run (make integration runs it): {why}");

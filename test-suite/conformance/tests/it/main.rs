@@ -1,6 +1,7 @@
 //! The conformance suite: every test here runs against a real MySQL-protocol server from
 //! `testdb` (one server per test binary, fresh databases and accounts per test).
 
+mod at_rest;
 mod cleanup;
 mod cli;
 mod commit_lost;

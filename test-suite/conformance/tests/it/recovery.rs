@@ -2,14 +2,21 @@
 //! server. After the receiver's database lost its newest rows (what a restore of an older
 //! backup does), it finds exactly the events lost, has the platform deliver them again, and
 //! `consume` applies them through its dedup; rows `receiver prune` removed are told apart.
+//! The restore drill does it all for real: a hot backup with MariaDB's own tool taken while
+//! `consume` drains a paced load, restored onto a new server. Encryption at rest: what the
+//! receiver stores cannot be read from an encrypted server's files.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::process::Output;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use conformance::load::{produce, wait_drained, LOAD_TYPES};
 use conformance::process::Consumer;
-use conformance::{all_acked, cancelled_task, run_receiver, QUEUE};
+use conformance::{all_acked, cancelled_task, run_receiver, OrbitDev, QUEUE};
 use sqlx::{Connection, MySqlConnection};
+use testdb::Server;
 
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
@@ -299,5 +306,354 @@ async fn ten_thousand_acked_deliveries_that_all_landed_reconcile_to_zero_missing
         "reconcile --dry-run over {N} ACKED deliveries: 0 missing in {:.2} s ({} s by its own count)",
         took.as_secs_f64(),
         s["seconds"]
+    );
+}
+
+/// Tasks a second the drill's load makes (each three versions and a duplicate).
+const DRILL_TASKS_PER_SECOND: f64 = 12.0;
+
+/// The drill's paced load, until `stop`: batches of 3 tasks; how many tasks it made.
+async fn paced_load(
+    orbit: Arc<OrbitDev>,
+    sub: orbit_sdk::SubscriptionId,
+    stop: Arc<AtomicBool>,
+) -> usize {
+    let client = orbit.client();
+    let mut rng = fastrand::Rng::with_seed(0x0b5c_0ded);
+    let started = Instant::now();
+    let mut tasks = 0;
+    while !stop.load(Ordering::SeqCst) {
+        tasks += produce(&orbit, &client, &sub, 3, &mut rng, |_| {})
+            .await
+            .len();
+        let due = started + Duration::from_secs_f64(tasks as f64 / DRILL_TASKS_PER_SECOND);
+        tokio::time::sleep_until(due.into()).await;
+    }
+    tasks
+}
+
+/// The subscription's ACKED deliveries as the platform's database holds them: the event id
+/// each delivered body carries, and how many ACKED deliveries it has.
+async fn acked_events(platform: &mut MySqlConnection, sub: &str) -> BTreeMap<String, usize> {
+    let ids: Vec<Vec<u8>> = sqlx::query_scalar(
+        "SELECT JSON_VALUE(e.body, '$.id') FROM orbit_deliveries d \
+         JOIN orbit_events e ON e.id = d.event_id WHERE d.subscription_id = ? AND d.state = 'ACKED'",
+    )
+    .bind(sub)
+    .fetch_all(platform)
+    .await
+    .unwrap();
+    let mut events = BTreeMap::new();
+    for id in ids {
+        *events.entry(String::from_utf8(id).unwrap()).or_default() += 1;
+    }
+    events
+}
+
+/// Every inbox row's event id and digest.
+async fn inbox_digests(admin: &mut MySqlConnection) -> BTreeMap<String, Vec<u8>> {
+    let rows: Vec<(Vec<u8>, Vec<u8>)> =
+        sqlx::query_as("SELECT event_id, event_digest FROM receiver_inbox")
+            .fetch_all(admin)
+            .await
+            .unwrap();
+    rows.into_iter()
+        .map(|(e, d)| (String::from_utf8(e).unwrap(), d))
+        .collect()
+}
+
+/// The restore drill (issue 41). `consume` drains a paced load (three versions and a duplicate
+/// a task, late versions among them); a hot backup is taken with `mariadb-backup` mid-load,
+/// prepared, and restored onto a new server; the old one is lost. Counted from the ledger
+/// before the disaster (the platform's ACKED deliveries against the restored inbox), the
+/// events applied after the backup's point are exactly what `reconcile --dry-run` reports
+/// missing; `reconcile` has them redelivered; `consume`, pointed at the restored server (the
+/// platform never restarts), applies them; the ledger is clean and a last `--dry-run` exits 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hot_backup_taken_mid_load_is_restored_and_reconcile_brings_back_exactly_what_came_after_it(
+) {
+    let server = Arc::new(Server::local().expect("a local server"));
+    let db = server.provision().await.expect("provisioned");
+    conformance::initialise(&db).await;
+    let orbit = Arc::new(OrbitDev::start(&["--enable-fault-api"]).await);
+    let client = orbit.client();
+    let sub = client.create_subscription(QUEUE, LOAD_TYPES).await.unwrap();
+    let sub_id = sub.id.to_string();
+    let mut platform = MySqlConnection::connect(orbit.db.platform_url().expose())
+        .await
+        .unwrap();
+    let mut admin = MySqlConnection::connect(db.admin_receiver_url().expose())
+        .await
+        .unwrap();
+    let since = server_time(&mut admin, "1 MINUTE").await;
+    let env_on = |dsn: &secret::Secret| {
+        let mut env = orbit.receiver_env_on(dsn);
+        env.push(("ORBIT_SUBSCRIPTION_ID", sub_id.clone()));
+        env
+    };
+
+    // The load, and consume draining it.
+    let consumer = Consumer::normal(&env_on(&db.runtime_url()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let load = tokio::spawn(paced_load(orbit.clone(), sub.id.clone(), stop.clone()));
+    conformance::eventually(Duration::from_secs(60), "60 deliveries ACKED before the backup", || {
+        let url = orbit.db.platform_url();
+        let sub = sub_id.clone();
+        async move {
+            let mut c = MySqlConnection::connect(url.expose()).await.unwrap();
+            let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM orbit_deliveries WHERE subscription_id = ? AND state = 'ACKED'")
+                .bind(sub)
+                .fetch_one(&mut c)
+                .await
+                .unwrap();
+            n >= 60
+        }
+    })
+    .await;
+    let backup = {
+        let server = server.clone();
+        tokio::task::spawn_blocking(move || server.backup())
+            .await
+            .unwrap()
+            .expect("a hot backup")
+    };
+    // The load goes on past the backup's point: what comes now is lost with the server.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    stop.store(true, Ordering::SeqCst);
+    let tasks = load.await.unwrap();
+    wait_drained(
+        &mut platform,
+        &sub_id,
+        Duration::from_millis(200),
+        Duration::from_secs(120),
+    )
+    .await;
+    consumer.stop().await;
+    let before =
+        conformance::check_ledger_on(&mut admin, &mut platform, &sub_id, "before the disaster")
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+    let original = inbox_digests(&mut admin).await;
+
+    // The disaster: the server is lost; its backup is restored onto a new one.
+    let started = Instant::now();
+    let restored = Server::restore(&backup).expect("the backup restores onto a new server");
+    let restored_in = started.elapsed();
+    assert!(server.kill(), "the old server was running");
+    drop(admin);
+    let mut admin = MySqlConnection::connect(db.admin_receiver_url_on(&restored).expose())
+        .await
+        .unwrap();
+    let held = inbox_digests(&mut admin).await;
+    for (event, digest) in &held {
+        assert_eq!(
+            original.get(event),
+            Some(digest),
+            "event {event}: restored, but not as the old server held it"
+        );
+    }
+    // The backup is consistent: every view it holds names an applied row it holds.
+    let orphans: i64 = sqlx::query_scalar(
+        "SELECT COUNT(*) FROM receiver_task_views v LEFT JOIN receiver_inbox i \
+         ON i.event_id = v.last_event_id AND i.applied = 1 WHERE i.event_id IS NULL",
+    )
+    .fetch_one(&mut admin)
+    .await
+    .unwrap();
+    assert_eq!(
+        orphans, 0,
+        "views in the backup without their applied inbox row"
+    );
+
+    // Counted from the ledger: the ACKED events the restored inbox lacks.
+    let acked = acked_events(&mut platform, &sub_id).await;
+    let after_point: BTreeMap<&String, &usize> = acked
+        .iter()
+        .filter(|(e, _)| !held.contains_key(*e))
+        .collect();
+    let lost_deliveries: usize = after_point.values().copied().sum();
+    assert!(
+        !after_point.is_empty() && !held.is_empty(),
+        "the backup was taken mid-load: it should hold some events and miss others (held {}, of {})",
+        held.len(),
+        acked.len()
+    );
+
+    // reconcile against the restored server.
+    let env = env_on(&db.runtime_url_on(&restored));
+    let (out, s) = reconcile(&env, &["--since", &since, "--dry-run"]);
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(3), "{stdout}{}", text(&out.stderr));
+    let reported: BTreeSet<&str> = stdout
+        .lines()
+        .filter(|l| l.ends_with(" missing"))
+        .filter_map(|l| l.split(' ').find_map(|f| f.strip_prefix("event=")))
+        .collect();
+    let expected: BTreeSet<&str> = after_point.keys().map(|e| e.as_str()).collect();
+    assert_eq!(reported, expected, "the events reconcile reports missing");
+    assert_eq!(
+        (
+            s["deliveries"].clone(),
+            s["missing"].clone(),
+            s["pruned"].clone()
+        ),
+        (
+            before.deliveries.to_string(),
+            lost_deliveries.to_string(),
+            "0".to_owned()
+        ),
+        "{stdout}"
+    );
+    let found = s["missing"].clone();
+
+    let (out, s) = reconcile(&env, &["--since", &since]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    assert_eq!(
+        (s["redelivered"].clone(), s["refused"].clone()),
+        (lost_deliveries.to_string(), "0".to_owned())
+    );
+    let redelivered = s["redelivered"].clone();
+    let consumer = Consumer::normal(&env);
+    wait_drained(
+        &mut platform,
+        &sub_id,
+        Duration::from_millis(200),
+        Duration::from_secs(120),
+    )
+    .await;
+    consumer.stop().await;
+    let after = conformance::check_ledger_on(
+        &mut admin,
+        &mut platform,
+        &sub_id,
+        "after the restore and reconcile",
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        (after.deliveries, after.events),
+        (before.deliveries, before.events)
+    );
+    let (out, s) = reconcile(&env, &["--since", &since, "--dry-run"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stdout));
+    assert_eq!(s["missing"], "0");
+    println!(
+        "restore drill: {tasks} tasks, {} deliveries of {} events ({} late versions recorded stale); \
+         backup taken mid-load in {:.1} s, prepared in {:.1} s, restored in {:.1} s, holding {} events; \
+         after its point (from the ledger): {} events in {lost_deliveries} deliveries; \
+         reconcile --dry-run found {found} missing; reconcile redelivered {redelivered}; ledger violations: 0",
+        before.deliveries,
+        before.events,
+        after.stale,
+        backup.taken_in.as_secs_f64(),
+        backup.prepared_in.as_secs_f64(),
+        restored_in.as_secs_f64(),
+        held.len(),
+        after_point.len(),
+    );
+}
+
+/// A restore from a backup older than the platform's retention of ACKED deliveries
+/// (`orbit-dev --acked-retention-seconds 6`): the backup is taken before any event; 5 events
+/// are applied and ACKed, and the platform forgets their deliveries; 4 more are applied and
+/// ACKed. After the restore, `reconcile --dry-run` finds the 4 still listed missing and says in
+/// one line that what was ACKED before the platform's horizon cannot be recovered; the 4 are
+/// redelivered and applied again, the 5 are lost for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backup_older_than_the_platforms_retention_recovers_what_it_still_lists_and_says_what_it_cannot(
+) {
+    let server = Server::local().expect("a local server");
+    let db = server.provision().await.expect("provisioned");
+    conformance::initialise(&db).await;
+    let orbit = OrbitDev::start(&["--acked-retention-seconds", "6"]).await;
+    let client = orbit.client();
+    let sub = client
+        .create_subscription(QUEUE, &["task.cancelled"])
+        .await
+        .unwrap();
+    let env_on = |dsn: &secret::Secret| {
+        let mut env = orbit.receiver_env_on(dsn);
+        env.push(("ORBIT_SUBSCRIPTION_ID", sub.id.to_string()));
+        env
+    };
+    let mut admin = MySqlConnection::connect(db.admin_receiver_url().expose())
+        .await
+        .unwrap();
+    let since = server_time(&mut admin, "1 MINUTE").await;
+    let backup = server.backup().expect("a hot backup");
+
+    let consumer = Consumer::normal(&env_on(&db.runtime_url()));
+    let mut forgotten = BTreeSet::new();
+    for _ in 0..5 {
+        forgotten.insert(cancelled_task(&client).await);
+    }
+    all_acked(&client, &sub.id, Some(5), Duration::from_secs(30)).await;
+    conformance::eventually(
+        Duration::from_secs(30),
+        "the platform to forget the first 5 ACKED deliveries",
+        || async { orbit.metric("orbit_acked_forgotten_total") == Some(5) },
+    )
+    .await;
+    let mut kept = BTreeSet::new();
+    for _ in 0..4 {
+        kept.insert(cancelled_task(&client).await);
+    }
+    all_acked(&client, &sub.id, Some(4), Duration::from_secs(30)).await;
+    consumer.stop().await;
+    assert_eq!(inbox_digests(&mut admin).await.len(), 9);
+
+    let restored = Server::restore(&backup).expect("the backup restores onto a new server");
+    assert!(server.kill());
+    let env = env_on(&db.runtime_url_on(&restored));
+    let (out, s) = reconcile(&env, &["--since", &since, "--dry-run"]);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{}{stderr}", text(&out.stdout));
+    assert_eq!(
+        (s["deliveries"].as_str(), s["missing"].as_str()),
+        ("4", "4"),
+        "{}",
+        text(&out.stdout)
+    );
+    assert_ne!(s["retained_since"], "-");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.contains("the platform keeps ACKED deliveries only since")
+            && stderr.contains("cannot be recovered from the platform"),
+        "{stderr}"
+    );
+
+    let (out, s) = reconcile(&env, &["--since", &since]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stdout));
+    assert_eq!(s["redelivered"], "4");
+    let consumer = Consumer::normal(&env);
+    all_acked(&client, &sub.id, Some(4), Duration::from_secs(30)).await;
+    consumer.stop().await;
+    let mut admin = MySqlConnection::connect(db.admin_receiver_url_on(&restored).expose())
+        .await
+        .unwrap();
+    let views: Vec<Vec<u8>> = sqlx::query_scalar("SELECT task_id FROM receiver_task_views")
+        .fetch_all(&mut admin)
+        .await
+        .unwrap();
+    let views: BTreeSet<String> = views
+        .into_iter()
+        .map(|t| String::from_utf8(t).unwrap())
+        .collect();
+    assert_eq!(
+        views, kept,
+        "the restored views: the 4 recovered, none of the 5 forgotten"
+    );
+    assert!(views.is_disjoint(&forgotten));
+    println!(
+        "a backup older than the platform's retention: {} events recovered, {} ACKed before its horizon lost for good; reconcile said: {}",
+        kept.len(),
+        forgotten.len(),
+        stderr.trim()
     );
 }

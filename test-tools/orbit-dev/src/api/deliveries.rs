@@ -170,10 +170,53 @@ pub(super) async fn list_acked(
         }
         deliveries.push(d);
     }
+    let retained_since = match p.acked_retention {
+        None => None,
+        Some(keep) => Some(
+            sqlx::query_scalar::<_, String>(
+                "SELECT DATE_FORMAT(UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND, '%Y-%m-%dT%H:%i:%s.%fZ')",
+            )
+            .bind(keep.as_micros() as u64)
+            .fetch_one(&p.pool)
+            .await?,
+        ),
+    };
     Ok(Json(AckedPage {
         deliveries,
         next: if more { next } else { None },
+        retained_since,
     }))
+}
+
+/// With `--acked-retention-seconds`: every second, forgets the ACKED deliveries whose ACK is
+/// older than the retention, subscription by subscription on the `by_acked` index (a real
+/// platform's retention of its delivery records). A forgotten delivery is gone from every
+/// listing and cannot be redelivered; its event stays.
+pub async fn forget_acked(p: Shared) {
+    let Some(keep) = p.acked_retention else {
+        return;
+    };
+    loop {
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        // The ids' binary collation makes them bytes to sqlx.
+        let subs: Vec<Vec<u8>> = sqlx::query_scalar("SELECT id FROM orbit_subscriptions")
+            .fetch_all(&p.pool)
+            .await
+            .unwrap_or_default();
+        for sub in subs {
+            let forgotten = sqlx::query(
+                "DELETE FROM orbit_deliveries WHERE subscription_id = ? AND state = 'ACKED' \
+                 AND acked_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND",
+            )
+            .bind(&sub)
+            .bind(keep.as_micros() as u64)
+            .execute(&p.pool)
+            .await
+            .map(|r| r.rows_affected())
+            .unwrap_or(0);
+            p.metrics.acked_forgotten(forgotten);
+        }
+    }
 }
 
 /// `POST /v1/deliveries/{id}/redeliver` (`events:manage`): an ACKED delivery goes back to

@@ -36,6 +36,7 @@ pub struct PlatformMetrics {
     acks: Family<ResultLabel, Counter>,
     ack_turns: Counter,
     redelivered: Counter,
+    acked_forgotten: Counter,
 }
 
 impl Default for PlatformMetrics {
@@ -73,8 +74,15 @@ impl Default for PlatformMetrics {
             "ACKED deliveries sent back to PENDING on request (POST /v1/deliveries/{id}/redeliver)",
             redelivered.clone(),
         );
+        let acked_forgotten = Counter::default();
+        registry.register(
+            "acked_forgotten",
+            "ACKED deliveries forgotten past --acked-retention-seconds (no longer listed or redeliverable)",
+            acked_forgotten.clone(),
+        );
         PlatformMetrics {
             registry,
+            acked_forgotten,
             deliveries,
             leases_expired,
             leases_released,
@@ -89,6 +97,11 @@ impl PlatformMetrics {
     /// One ACKED delivery sent back to PENDING.
     pub fn redelivered(&self) {
         self.redelivered.inc();
+    }
+
+    /// `n` ACKED deliveries forgotten past the retention.
+    pub fn acked_forgotten(&self, n: u64) {
+        self.acked_forgotten.inc_by(n);
     }
 
     pub fn leases_expired(&self, n: u64) {

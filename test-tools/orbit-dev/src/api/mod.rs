@@ -33,6 +33,7 @@ mod stream;
 mod subscriptions;
 mod tasks;
 
+pub use deliveries::forget_acked;
 pub use leasing::expire_leases;
 
 /// Subscriptions one namespace may have (paused ones included; none is ever deleted).
@@ -49,6 +50,9 @@ pub struct Platform {
     pub fault_api: bool,
     /// `--vary-events`: how each emitted event is written (otherwise compact, UTC).
     pub vary: Option<crate::vary::Vary>,
+    /// `--acked-retention-seconds`: how long an ACKED delivery is kept after its ACK (for
+    /// ever when `None`).
+    pub acked_retention: Option<Duration>,
     /// Woken whenever deliveries may have become available.
     pub wake: Notify,
     /// Fault: process the next ACK but drop its reply (and the stream).
