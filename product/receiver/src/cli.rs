@@ -549,11 +549,14 @@ that it flows through `consume` and its dedup like any delivery. After a restore
 receiver's database, start the window at the backup's point in time, or a little before.
 It reads the database only (the runtime account's SELECT suffices) and needs events:read, and
 events:manage unless --dry-run. Prints each missing delivery and one summary line:
-`reconcile window=… deliveries=… present=… missing=… redelivered=… refused=… pruned=… pages=… seconds=… result=…`.
+`reconcile window=… deliveries=… present=… missing=… redelivered=… refused=… pruned=… pages=… retained_since=… seconds=… result=…`.
 A delivery without a row that was ACKED before the inbox's oldest row was removed by `receiver
 prune`, not lost (a restore loses the newest rows, never the oldest): it is counted as pruned
 and not redelivered, unless --allow-pruned-window (its redelivery is harmless: recorded as not
-applied, R-STORE-12).
+applied, R-STORE-12). A platform that forgets ACKED deliveries after a retention says since when
+it holds them all (retained_since); a window that starts before that is said in one line on
+standard error: what the inbox lost of earlier events cannot be recovered from the platform.
+See docs/recovery.md.
 
 exit status: 0 nothing missing (or every missing one redelivered), 3 --dry-run found some
 missing, 1 the platform or the database failed (what was asked stays asked), 2 usage,

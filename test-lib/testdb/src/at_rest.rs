@@ -142,6 +142,10 @@ impl Backup {
 impl Drop for Backup {
     fn drop(&mut self) {
         let _ = fs::remove_dir_all(&self.dir);
+        // The tool's options file and logs lie beside it.
+        for extension in ["cnf", "backup.log", "prepare.log"] {
+            let _ = fs::remove_file(self.dir.with_extension(extension));
+        }
     }
 }
 

@@ -148,13 +148,23 @@ pub(crate) fn backup_tool() -> Result<PathBuf, Error> {
         })
 }
 
-/// Runs MariaDB's backup tool with `args` after `--no-defaults`, its output into `log`.
-fn run_backup_tool(args: &[String], log: &Path, what: &str) -> Result<(), Error> {
+/// Runs MariaDB's backup tool with `args` after `--defaults-file=<defaults>` (the options it
+/// must share with the server) or `--no-defaults`, its output into `log`.
+fn run_backup_tool(
+    defaults: Option<&Path>,
+    args: &[String],
+    log: &Path,
+    what: &str,
+) -> Result<(), Error> {
     let tool = backup_tool()?;
     let out =
         fs::File::create(log).map_err(Error::io(format!("cannot create {}", log.display())))?;
+    let first = match defaults {
+        Some(file) => format!("--defaults-file={}", file.display()),
+        None => "--no-defaults".to_owned(),
+    };
     let status = Command::new(&tool)
-        .arg("--no-defaults")
+        .arg(first)
         .args(args)
         .stdin(Stdio::null())
         .stdout(
@@ -318,6 +328,7 @@ impl LocalServer {
         let tmp = dir.join("tmp");
         fs::create_dir_all(&tmp).map_err(Error::io(format!("cannot create {}", tmp.display())))?;
         run_backup_tool(
+            None,
             &[
                 "--copy-back".to_owned(),
                 format!("--target-dir={}", backup.display()),
@@ -340,20 +351,36 @@ impl LocalServer {
             format!("--socket={}", self.socket().display()),
             "--user=root".to_owned(),
         ];
-        // An encrypted server's files are read with its key plugin.
-        let keys = crate::at_rest::key_options(&self.extra);
-        args.extend(keys.iter().cloned());
+        // An encrypted server's files are read with its key plugin, whose options the tool
+        // takes from an options file only (not from its command line).
+        let defaults = target.with_extension("cnf");
+        let mut cnf = "[mariadbd]\n".to_owned();
+        for option in crate::at_rest::key_options(&self.extra) {
+            let (name, value) = option
+                .trim_start_matches("--")
+                .split_once('=')
+                .unwrap_or((&option, ""));
+            cnf.push_str(&format!("{}={value}\n", name.replace('-', "_")));
+        }
+        fs::write(&defaults, cnf)
+            .map_err(Error::io(format!("cannot write {}", defaults.display())))?;
         let log = target.with_extension("backup.log");
-        run_backup_tool(&args, &log, "the hot backup (mariadb-backup --backup)")?;
+        run_backup_tool(
+            Some(&defaults),
+            &args,
+            &log,
+            "the hot backup (mariadb-backup --backup)",
+        )?;
         let took = started.elapsed();
         let started = Instant::now();
-        let mut args = vec![
-            "--prepare".to_owned(),
-            format!("--target-dir={}", target.display()),
-        ];
-        args.extend(keys);
+        // The tool writes the options the prepare needs (the key plugin's among them) into the
+        // backup itself.
         run_backup_tool(
-            &args,
+            Some(&target.join("backup-my.cnf")),
+            &[
+                "--prepare".to_owned(),
+                format!("--target-dir={}", target.display()),
+            ],
             &target.with_extension("prepare.log"),
             "preparing the backup (mariadb-backup --prepare)",
         )?;
