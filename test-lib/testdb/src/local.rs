@@ -344,7 +344,7 @@ impl LocalServer {
     /// backup applied, so that the copy is consistent as of one point); how long each took.
     pub(crate) fn backup(&self, target: &Path) -> Result<(Duration, Duration), Error> {
         let started = Instant::now();
-        let mut args = vec![
+        let args = vec![
             "--backup".to_owned(),
             format!("--target-dir={}", target.display()),
             format!("--datadir={}", self.dir.join("data").display()),
