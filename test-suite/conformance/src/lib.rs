@@ -34,5 +34,12 @@ pub use ledger::{check_ledger, check_ledger_on, Ledger};
 pub use orbit::{all_acked, bootstrap, cancelled_task, subscribed_receiver, Launcher, OrbitDev};
 pub use wait::{eventually, poll, poll_blocking};
 
+/// Writes `suite: line` to standard error past the test harness's capture of `eprintln!`: a
+/// figure for the run's log, which `make integration` repeats under its table.
+pub fn note(suite: &str, line: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "{suite}: {line}");
+}
+
 /// The queue the suite's events come from unless a test says otherwise.
 pub const QUEUE: &str = "inbox-demo";

@@ -647,7 +647,8 @@ fn report(
     for wrong in &mismatches {
         println!("containers: WRONG SERVER: {wrong}");
     }
-    // The crash loop's seed, for replaying it, and the Galera suite's figures.
+    // The crash loop's seed, for replaying it, and the figures of the Galera, nemesis,
+    // failover, recovery and encryption suites.
     for o in results {
         let log = fs::read_to_string(&o.log).unwrap_or_default();
         for line in log.lines().filter(|l| {
@@ -655,6 +656,8 @@ fn report(
                 || l.starts_with("galera: ")
                 || l.starts_with("nemesis: ")
                 || l.starts_with("failover: ")
+                || l.starts_with("recovery: ")
+                || l.starts_with("at_rest: ")
         }) {
             println!("{}", line.split("; plan").next().unwrap_or(line));
         }

@@ -128,7 +128,10 @@ async fn a_marker_in_a_result_is_found_in_a_plain_servers_files() {
             }
         })
         .collect();
-    println!("plain server: the markers are in {}", names.join(", "));
+    conformance::note(
+        "at_rest",
+        format_args!("plain server: the markers are in {}", names.join(", ")),
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -146,6 +149,12 @@ async fn a_marker_in_a_result_is_in_no_file_of_an_encrypted_server() {
     assert!(
         found.is_empty(),
         "a marker written in a result can be read from the encrypted server's files or its backup: {found:?}"
+    );
+    conformance::note(
+        "at_rest",
+        format_args!(
+            "encrypted server: the markers are in no file of its datadir, its temporary directory or its hot backup"
+    ),
     );
     // The encrypted backup restores, with the key, onto a server that reads it back.
     let restored = Server::restore(&backup).expect("the encrypted backup restores");

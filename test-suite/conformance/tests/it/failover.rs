@@ -319,9 +319,12 @@ async fn failovers_under_lossless_semi_sync_with_the_gate_lose_no_acked_event() 
         .unwrap_or_else(|| fastrand::u64(..1_000_000));
     let minutes =
         var("FAILOVER_MINUTES").map(|m| m.parse::<f64>().expect("FAILOVER_MINUTES is a number"));
-    eprintln!(
-        "failover: seed {seed}{}",
-        minutes.map_or(String::new(), |m| format!(", {m} minutes"))
+    conformance::note(
+        "failover",
+        format_args!(
+            "seed {seed}{}",
+            minutes.map_or(String::new(), |m| format!(", {m} minutes"))
+        ),
     );
     let (mut dbs, platform, env) = rig(ReplicationOptions::default(), true).await;
     let sub = platform.sub.id.to_string();
@@ -446,8 +449,10 @@ async fn failovers_under_lossless_semi_sync_with_the_gate_lose_no_acked_event() 
     let count = |out: &str, what: &str| out.matches(what).count();
     let both = |what: &str| count(&out_a, what) + count(&out_b, what);
     let kinds: Vec<String> = counts.iter().map(|(k, n)| format!("{k:?} {n}")).collect();
-    eprintln!(
-        "failover: seed {seed}: faults {}; {} deliveries ACKED, {} events ({} stale); extra attempts {extra}; handed back {}; not ACKed as unreplicated {}; ACKED while unreplicated 0; ACKed events lost 0 (ledger clean on the final primary); {:.0} s",
+    conformance::note(
+        "failover",
+        format_args!(
+            "seed {seed}: faults {}; {} deliveries ACKED, {} events ({} stale); extra attempts {extra}; handed back {}; not ACKed as unreplicated {}; ACKED while unreplicated 0; ACKed events lost 0 (ledger clean on the final primary); {:.0} s",
         kinds.join(", "),
         ledger.deliveries,
         ledger.events,
@@ -455,6 +460,7 @@ async fn failovers_under_lossless_semi_sync_with_the_gate_lose_no_acked_event() 
         both("released: the database"),
         both("classification=unreplicated"),
         started.elapsed().as_secs_f64()
+    ),
     );
     assert!(
         both("replica acknowledgement lost") > 0,
@@ -500,9 +506,12 @@ async fn asynchronous_replication_with_replicas_held_back_loses_acked_events_and
         tokio::join!(load, faults)
     };
     let _ = a.stop().await;
-    eprintln!(
-        "failover: asynchronous replication, replicas held back 4 s, primary killed: {lost} of {acked} ACKED deliveries' events lost ({} tasks)",
+    conformance::note(
+        "failover",
+        format_args!(
+            "asynchronous replication, replicas held back 4 s, primary killed: {lost} of {acked} ACKED deliveries' events lost ({} tasks)",
         tasks.len()
+    ),
     );
     assert!(
         lost > 0,

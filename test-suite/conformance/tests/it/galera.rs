@@ -35,8 +35,7 @@ static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// A figure for the run's log, past the test harness's capture of `eprintln!`.
 fn note(line: std::fmt::Arguments<'_>) {
-    use std::io::Write;
-    let _ = writeln!(std::io::stderr(), "galera: {line}");
+    conformance::note("galera", line);
 }
 
 /// The suite's cluster, started on first use; `None` (with a message) only outside CI when

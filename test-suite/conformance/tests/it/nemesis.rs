@@ -69,8 +69,7 @@ fn var(name: &str) -> Option<String> {
 
 /// A figure for the run's log, past the test harness's capture of `eprintln!`.
 fn note(line: fmt::Arguments<'_>) {
-    use std::io::Write;
-    let _ = writeln!(std::io::stderr(), "nemesis: {line}");
+    conformance::note("nemesis", line);
 }
 
 /// Whether this machine cannot run the test (no root for namespaces, or, with `galera`, no

@@ -302,10 +302,13 @@ async fn ten_thousand_acked_deliveries_that_all_landed_reconcile_to_zero_missing
         .map(|k| s.get(*k).map_or("?", String::as_str))
         .collect();
     assert_eq!(counts, ["10000", "10000", "0", "10", "clean"]);
-    println!(
-        "reconcile --dry-run over {N} ACKED deliveries: 0 missing in {:.2} s ({} s by its own count)",
+    conformance::note(
+        "recovery",
+        format_args!(
+            "reconcile --dry-run over {N} ACKED deliveries: 0 missing in {:.2} s ({} s by its own count)",
         took.as_secs_f64(),
         s["seconds"]
+    ),
     );
 }
 
@@ -543,8 +546,10 @@ async fn a_hot_backup_taken_mid_load_is_restored_and_reconcile_brings_back_exact
     let (out, s) = reconcile(&env, &["--since", &since, "--dry-run"]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stdout));
     assert_eq!(s["missing"], "0");
-    println!(
-        "restore drill: {tasks} tasks, {} deliveries of {} events ({} late versions recorded stale); \
+    conformance::note(
+        "recovery",
+        format_args!(
+            "restore drill: {tasks} tasks, {} deliveries of {} events ({} late versions recorded stale); \
          backup taken mid-load in {:.1} s, prepared in {:.1} s, restored in {:.1} s, holding {} events; \
          after its point (from the ledger): {} events in {lost_deliveries} deliveries; \
          reconcile --dry-run found {found} missing; reconcile redelivered {redelivered}; ledger violations: 0",
@@ -556,6 +561,7 @@ async fn a_hot_backup_taken_mid_load_is_restored_and_reconcile_brings_back_exact
         restored_in.as_secs_f64(),
         held.len(),
         after_point.len(),
+    ),
     );
 }
 
@@ -650,10 +656,13 @@ async fn a_backup_older_than_the_platforms_retention_recovers_what_it_still_list
         "the restored views: the 4 recovered, none of the 5 forgotten"
     );
     assert!(views.is_disjoint(&forgotten));
-    println!(
-        "a backup older than the platform's retention: {} events recovered, {} ACKed before its horizon lost for good; reconcile said: {}",
+    conformance::note(
+        "recovery",
+        format_args!(
+            "a backup older than the platform's retention: {} events recovered, {} ACKed before its horizon lost for good; reconcile said: {}",
         kept.len(),
         forgotten.len(),
         stderr.trim()
+    ),
     );
 }
