@@ -22,6 +22,17 @@ fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
 
+/// That `out` exited with `code`; else fails with what it printed.
+fn assert_exit(out: &Output, code: i32) {
+    assert_eq!(
+        out.status.code(),
+        Some(code),
+        "{}{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+}
+
 /// `receiver reconcile ARGS` with `env`: its exit, output, and the summary line's fields.
 fn reconcile(env: &[(&'static str, String)], args: &[&str]) -> (Output, HashMap<String, String>) {
     let mut all = vec!["reconcile"];
@@ -290,13 +301,7 @@ async fn ten_thousand_acked_deliveries_that_all_landed_reconcile_to_zero_missing
     let started = Instant::now();
     let (out, s) = reconcile(&env, &["--since", &since, "--dry-run"]);
     let took = started.elapsed();
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}{}",
-        text(&out.stdout),
-        text(&out.stderr)
-    );
+    assert_exit(&out, 0);
     let counts: Vec<&str> = ["deliveries", "present", "missing", "pages", "result"]
         .iter()
         .map(|k| s.get(*k).map_or("?", String::as_str))
@@ -365,6 +370,28 @@ async fn inbox_digests(admin: &mut MySqlConnection) -> BTreeMap<String, Vec<u8>>
         .collect()
 }
 
+/// Waits until `sub` has no delivery left unACKED, stops `consumer`, and checks the ledger of
+/// the receiver database `admin` against the platform's `platform`; `what` names the moment.
+async fn drained_ledger(
+    consumer: Consumer,
+    platform: &mut MySqlConnection,
+    admin: &mut MySqlConnection,
+    sub: &str,
+    what: &str,
+) -> conformance::Ledger {
+    wait_drained(
+        platform,
+        sub,
+        Duration::from_millis(200),
+        Duration::from_secs(120),
+    )
+    .await;
+    consumer.stop().await;
+    conformance::check_ledger_on(admin, platform, sub, what)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
 /// The restore drill (issue 41). `consume` drains a paced load (three versions and a duplicate
 /// a task, late versions among them); a hot backup is taken with `mariadb-backup` mid-load,
 /// prepared, and restored onto a new server; the old one is lost. Counted from the ledger
@@ -424,18 +451,14 @@ async fn a_hot_backup_taken_mid_load_is_restored_and_reconcile_brings_back_exact
     tokio::time::sleep(Duration::from_secs(2)).await;
     stop.store(true, Ordering::SeqCst);
     let tasks = load.await.unwrap();
-    wait_drained(
+    let before = drained_ledger(
+        consumer,
         &mut platform,
+        &mut admin,
         &sub_id,
-        Duration::from_millis(200),
-        Duration::from_secs(120),
+        "before the disaster",
     )
     .await;
-    consumer.stop().await;
-    let before =
-        conformance::check_ledger_on(&mut admin, &mut platform, &sub_id, "before the disaster")
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
     let original = inbox_digests(&mut admin).await;
 
     // The disaster: the server is lost; its backup is restored onto a new one.
@@ -510,35 +533,21 @@ async fn a_hot_backup_taken_mid_load_is_restored_and_reconcile_brings_back_exact
     let found = s["missing"].clone();
 
     let (out, s) = reconcile(&env, &["--since", &since]);
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}{}",
-        text(&out.stdout),
-        text(&out.stderr)
-    );
+    assert_exit(&out, 0);
     assert_eq!(
         (s["redelivered"].clone(), s["refused"].clone()),
         (lost_deliveries.to_string(), "0".to_owned())
     );
     let redelivered = s["redelivered"].clone();
     let consumer = Consumer::normal(&env);
-    wait_drained(
+    let after = drained_ledger(
+        consumer,
         &mut platform,
-        &sub_id,
-        Duration::from_millis(200),
-        Duration::from_secs(120),
-    )
-    .await;
-    consumer.stop().await;
-    let after = conformance::check_ledger_on(
         &mut admin,
-        &mut platform,
         &sub_id,
         "after the restore and reconcile",
     )
-    .await
-    .unwrap_or_else(|e| panic!("{e}"));
+    .await;
     assert_eq!(
         (after.deliveries, after.events),
         (before.deliveries, before.events)
