@@ -3,8 +3,9 @@
 //! backup does), it finds exactly the events lost, has the platform deliver them again, and
 //! `consume` applies them through its dedup; rows `receiver prune` removed are told apart.
 //! The restore drill does it all for real: a hot backup with MariaDB's own tool taken while
-//! `consume` drains a paced load, restored onto a new server. Encryption at rest: what the
-//! receiver stores cannot be read from an encrypted server's files.
+//! `consume` drains a paced load, restored onto a new server; a backup older than the
+//! platform's retention shows what cannot be recovered (R-OPS-6; encryption at rest is the
+//! `at_rest` suite's).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::process::Output;
