@@ -321,24 +321,35 @@ async fn ten_thousand_acked_deliveries_that_all_landed_reconcile_to_zero_missing
 /// Tasks a second the drill's load makes (each three versions and a duplicate).
 const DRILL_TASKS_PER_SECOND: f64 = 12.0;
 
-/// The drill's paced load, until `stop`: batches of 3 tasks; how many tasks it made.
+/// The drill's paced load, until `stop`: batches of 3 tasks, each three versions and a
+/// duplicate, and after each batch version 1 again, under an id of its own (orbit-dev's
+/// `forge-event`), for one task of the batch: a late version, which the receiver records as
+/// stale. How many tasks and late versions it made.
 async fn paced_load(
     orbit: Arc<OrbitDev>,
     sub: orbit_sdk::SubscriptionId,
     stop: Arc<AtomicBool>,
-) -> usize {
+) -> (usize, usize) {
     let client = orbit.client();
     let mut rng = fastrand::Rng::with_seed(0x0b5c_0ded);
     let started = Instant::now();
-    let mut tasks = 0;
+    let (mut tasks, mut late) = (0, 0);
     while !stop.load(Ordering::SeqCst) {
-        tasks += produce(&orbit, &client, &sub, 3, &mut rng, |_| {})
-            .await
-            .len();
+        let ids = produce(&orbit, &client, &sub, 3, &mut rng, |_| {}).await;
+        tasks += ids.len();
+        let filter = orbit_sdk::DeliveryFilter {
+            task_id: Some(ids[rng.usize(..ids.len())].clone()),
+            ..Default::default()
+        };
+        let emitted = client.list_deliveries(&sub, &filter).await.unwrap();
+        // A new id (`keep_id` false), which is also its key on the platform: the listing of
+        // ACKED deliveries names it as the body does.
+        orbit.fault(serde_json::json!({"fault": "forge-event", "event_id": emitted[0].event_id, "keep_id": false, "task_version": 1}));
+        late += 1;
         let due = started + Duration::from_secs_f64(tasks as f64 / DRILL_TASKS_PER_SECOND);
         tokio::time::sleep_until(due.into()).await;
     }
-    tasks
+    (tasks, late)
 }
 
 /// The subscription's ACKED deliveries as the platform's database holds them: the event id
@@ -451,7 +462,7 @@ async fn a_hot_backup_taken_mid_load_is_restored_and_reconcile_brings_back_exact
     // The load goes on past the backup's point: what comes now is lost with the server.
     tokio::time::sleep(Duration::from_secs(2)).await;
     stop.store(true, Ordering::SeqCst);
-    let tasks = load.await.unwrap();
+    let (tasks, late) = load.await.unwrap();
     let before = drained_ledger(
         consumer,
         &mut platform,
@@ -553,13 +564,19 @@ async fn a_hot_backup_taken_mid_load_is_restored_and_reconcile_brings_back_exact
         (after.deliveries, after.events),
         (before.deliveries, before.events)
     );
+    // Every late version is recorded stale (or made its task's own version 1 stale).
+    assert!(
+        late > 0 && after.stale >= late,
+        "{late} late versions sent, {} rows recorded stale",
+        after.stale
+    );
     let (out, s) = reconcile(&env, &["--since", &since, "--dry-run"]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stdout));
     assert_eq!(s["missing"], "0");
     conformance::note(
         "recovery",
         format_args!(
-            "restore drill: {tasks} tasks, {} deliveries of {} events ({} late versions recorded stale); \
+            "restore drill: {tasks} tasks and {late} late versions, {} deliveries of {} events ({} recorded stale); \
          backup taken mid-load in {:.1} s, prepared in {:.1} s, restored in {:.1} s, holding {} events; \
          after its point (from the ledger): {} events in {lost_deliveries} deliveries; \
          reconcile --dry-run found {found} missing; reconcile redelivered {redelivered}; ledger violations: 0",
