@@ -118,7 +118,7 @@ const PARTLY_LOCAL: &[(&str, &str)] = &[
     ),
     (
         "recovery",
-        "its restore drill takes a hot backup of a local server with mariadb-backup and restores it onto a new one",
+        "its restore tests take hot backups of local servers with mariadb-backup and restore them onto new ones",
     ),
 ];
 
