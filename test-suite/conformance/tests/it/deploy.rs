@@ -72,6 +72,8 @@ fn the_systemd_units_pass_systemd_analyze_verify() {
         "receiver-consume.service",
         "receiver-prune.service",
         "receiver-prune.timer",
+        "receiver-reconcile-audit.service",
+        "receiver-reconcile-audit.timer",
     ] {
         let text = std::fs::read_to_string(repo().join("deploy/systemd").join(name)).unwrap();
         let copy = dir.join(name);
@@ -121,6 +123,96 @@ fn the_systemd_units_pass_systemd_analyze_verify() {
     }
     let timer = std::fs::read_to_string(&copies[2]).unwrap();
     assert!(timer.contains("Persistent=true") && timer.contains("Unit=receiver-prune.service"));
+    // The daily audit: a one-shot dry run on a timer that catches up a missed day (its command
+    // is run for real below).
+    let audit = std::fs::read_to_string(&copies[3]).unwrap();
+    assert!(audit.contains("Type=oneshot") && audit.contains("reconcile --dry-run --since"));
+    let timer = std::fs::read_to_string(&copies[4]).unwrap();
+    assert!(
+        timer.contains("Persistent=true")
+            && timer.contains("Unit=receiver-reconcile-audit.service")
+    );
+}
+
+/// The daily audit's command as systemd runs it (`%%` unescaped to `%`, the DSN read from the
+/// credential directory, the consume service's environment): over a receiver that lost nothing
+/// it exits 0 with a clean summary over the last 25 hours; once an inbox row is gone it exits 3
+/// and names the missing delivery.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_daily_audit_units_command_exits_0_when_nothing_is_missing_and_3_when_a_row_is_gone() {
+    let (orbit, client, sub, env) =
+        conformance::subscribed_receiver(&[], &["task.cancelled"]).await;
+    let consumer = Consumer::normal(&env);
+    cancelled_task(&client).await;
+    cancelled_task(&client).await;
+    conformance::all_acked(&client, &sub.id, Some(2), Duration::from_secs(30)).await;
+    consumer.stop().await;
+
+    let unit =
+        std::fs::read_to_string(repo().join("deploy/systemd/receiver-reconcile-audit.service"))
+            .unwrap();
+    let exec = unit
+        .lines()
+        .find_map(|l| l.strip_prefix("ExecStart=/bin/sh -c '"))
+        .and_then(|l| l.strip_suffix('\''))
+        .expect("ExecStart=/bin/sh -c '…'");
+    let script = exec.replace("%%", "%").replace(
+        "/usr/local/bin/receiver",
+        &conformance::receiver_bin().display().to_string(),
+    );
+    let credentials = testdb::scratch_dir().unwrap().join("audit-credentials");
+    std::fs::create_dir_all(&credentials).unwrap();
+    let dsn = env
+        .iter()
+        .find(|(k, _)| *k == "ORBIT_RECEIVER_DSN")
+        .map(|(_, v)| v.clone())
+        .unwrap();
+    std::fs::write(credentials.join("dsn"), dsn).unwrap();
+    let audit = || {
+        let mut cmd = conformance::bare_command(Path::new("/bin/sh"));
+        cmd.arg("-c")
+            .arg(&script)
+            .envs(
+                env.iter()
+                    .filter(|(k, _)| *k != "ORBIT_RECEIVER_DSN")
+                    .map(|(k, v)| (*k, v.as_str())),
+            )
+            .env("PATH", "/usr/bin:/bin")
+            .env("CREDENTIALS_DIRECTORY", &credentials)
+            .stdin(Stdio::null());
+        let out = cmd.output().expect("the audit's command runs");
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        (out.status.code(), stdout, stderr)
+    };
+    let (code, stdout, stderr) = audit();
+    assert_eq!(code, Some(0), "{stdout}{stderr}");
+    let summary = stdout.lines().last().unwrap_or_default();
+    assert!(
+        summary.contains(" deliveries=2 present=2 missing=0 ") && summary.ends_with("result=clean"),
+        "{summary}"
+    );
+
+    let mut admin = sqlx::MySqlConnection::connect(orbit.db.admin_receiver_url().expose())
+        .await
+        .unwrap();
+    sqlx::query("DELETE FROM receiver_inbox LIMIT 1")
+        .execute(&mut admin)
+        .await
+        .unwrap();
+    let (code, stdout, stderr) = audit();
+    assert_eq!(code, Some(3), "{stdout}{stderr}");
+    assert!(
+        stdout
+            .lines()
+            .any(|l| l.starts_with("delivery=") && l.ends_with(" missing")),
+        "{stdout}"
+    );
+    assert!(stdout
+        .lines()
+        .last()
+        .unwrap_or_default()
+        .ends_with("result=missing"));
 }
 
 fn encode(q: &str) -> String {
