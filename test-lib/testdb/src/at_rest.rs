@@ -137,6 +137,18 @@ impl Backup {
     pub fn dir(&self) -> &Path {
         &self.dir
     }
+
+    /// When the backup started, as `xtrabackup_info` records it (`start_time`, to the second;
+    /// the tool ran in UTC), in RFC 3339: what an operator gives `receiver reconcile --since`.
+    pub fn started_at(&self) -> Result<String, Error> {
+        let info = self.dir.join("xtrabackup_info");
+        let text = fs::read_to_string(&info)
+            .map_err(Error::io(format!("cannot read {}", info.display())))?;
+        text.lines()
+            .find_map(|l| l.strip_prefix("start_time = "))
+            .map(|t| format!("{}Z", t.trim().replacen(' ', "T", 1)))
+            .ok_or_else(|| Error::Config(format!("{} has no start_time", info.display())))
+    }
 }
 
 impl Drop for Backup {

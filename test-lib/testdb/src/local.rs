@@ -166,6 +166,8 @@ fn run_backup_tool(
     let status = Command::new(&tool)
         .arg(first)
         .args(args)
+        // The times it writes into `xtrabackup_info` are local: make them UTC.
+        .env("TZ", "UTC")
         .stdin(Stdio::null())
         .stdout(
             out.try_clone()

@@ -517,9 +517,11 @@ async fn a_hot_backup_taken_mid_load_is_restored_and_reconcile_brings_back_exact
         acked.len()
     );
 
-    // reconcile against the restored server.
+    // reconcile against the restored server, as docs/recovery.md has it: from the backup's
+    // start as xtrabackup_info records it, with no margin.
     let env = env_on(&db.runtime_url_on(&restored));
-    let (out, s) = reconcile(&env, &["--since", &since, "--dry-run"]);
+    let backup_start = backup.started_at().expect("the backup's start");
+    let (out, s) = reconcile(&env, &["--since", &backup_start, "--dry-run"]);
     let stdout = text(&out.stdout);
     assert_eq!(out.status.code(), Some(3), "{stdout}{}", text(&out.stderr));
     let reported: BTreeSet<&str> = stdout
@@ -530,21 +532,13 @@ async fn a_hot_backup_taken_mid_load_is_restored_and_reconcile_brings_back_exact
     let expected: BTreeSet<&str> = after_point.keys().map(|e| e.as_str()).collect();
     assert_eq!(reported, expected, "the events reconcile reports missing");
     assert_eq!(
-        (
-            s["deliveries"].clone(),
-            s["missing"].clone(),
-            s["pruned"].clone()
-        ),
-        (
-            before.deliveries.to_string(),
-            lost_deliveries.to_string(),
-            "0".to_owned()
-        ),
+        (s["missing"].clone(), s["pruned"].clone()),
+        (lost_deliveries.to_string(), "0".to_owned()),
         "{stdout}"
     );
     let found = s["missing"].clone();
 
-    let (out, s) = reconcile(&env, &["--since", &since]);
+    let (out, s) = reconcile(&env, &["--since", &backup_start]);
     assert_exit(&out, 0);
     assert_eq!(
         (s["redelivered"].clone(), s["refused"].clone()),
@@ -570,9 +564,13 @@ async fn a_hot_backup_taken_mid_load_is_restored_and_reconcile_brings_back_exact
         "{late} late versions sent, {} rows recorded stale",
         after.stale
     );
+    // The whole run, from before the first event: every delivery is checked, none is missing.
     let (out, s) = reconcile(&env, &["--since", &since, "--dry-run"]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stdout));
-    assert_eq!(s["missing"], "0");
+    assert_eq!(
+        (s["deliveries"].clone(), s["missing"].clone()),
+        (before.deliveries.to_string(), "0".to_owned())
+    );
     conformance::note(
         "recovery",
         format_args!(
