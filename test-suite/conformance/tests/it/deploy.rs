@@ -196,7 +196,8 @@ async fn the_daily_audit_units_command_exits_0_when_nothing_is_missing_and_3_whe
     let mut admin = sqlx::MySqlConnection::connect(orbit.db.admin_receiver_url().expose())
         .await
         .unwrap();
-    sqlx::query("DELETE FROM receiver_inbox LIMIT 1")
+    // The newest row, as a restore loses it (a lost oldest row would read as pruned).
+    sqlx::query("DELETE FROM receiver_inbox ORDER BY received_at DESC LIMIT 1")
         .execute(&mut admin)
         .await
         .unwrap();
