@@ -28,6 +28,8 @@ use sha2::{Digest as _, Sha256};
 
 mod timestamp;
 
+/// Days since 1970-01-01 of a proleptic Gregorian date, and back: for tools that write dates.
+pub use timestamp::{date_from_epoch_days, days_from_epoch};
 /// Strict RFC 3339 date-times in their UTC form (`None` for anything else), as the form
 /// normalises `occurred_at`.
 pub use timestamp::{normalize_rfc3339, unix_micros};

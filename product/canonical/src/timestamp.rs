@@ -15,8 +15,7 @@ pub fn unix_micros(s: &str) -> Option<i64> {
     let utc = normalize_rfc3339(s)?;
     let b = utc.as_bytes();
     let num = |r: std::ops::Range<usize>| utc.get(r)?.parse::<i64>().ok();
-    // `days_from_civil` counts from its own origin: the epoch's day is subtracted.
-    let days = days_from_civil(num(0..4)?, num(5..7)?, num(8..10)?) - days_from_civil(1970, 1, 1);
+    let days = days_from_epoch(num(0..4)?, num(5..7)?, num(8..10)?);
     let seconds = days * 86_400 + num(11..13)? * 3600 + num(14..16)? * 60 + num(17..19)?;
     let mut micros = 0i64;
     if b.get(19) == Some(&b'.') {
@@ -26,6 +25,18 @@ pub fn unix_micros(s: &str) -> Option<i64> {
         }
     }
     Some(seconds * 1_000_000 + micros)
+}
+
+/// Days since 1970-01-01 of a date of the proleptic Gregorian calendar (negative before it).
+/// For tools that write dates (the development platform, the kit); no check of the date.
+pub fn days_from_epoch(year: i64, month: i64, day: i64) -> i64 {
+    days_from_civil(year, month, day) - days_from_civil(1970, 1, 1)
+}
+
+/// The date (year, month, day) of a day counted from 1970-01-01: the inverse of
+/// [`days_from_epoch`].
+pub fn date_from_epoch_days(days: i64) -> (i64, i64, i64) {
+    civil_from_days(days + days_from_civil(1970, 1, 1))
 }
 
 /// The UTC form of a strict RFC 3339 date-time, or `None` when `s` is not one.
@@ -182,6 +193,17 @@ mod tests {
         );
         assert_eq!(unix_micros("1969-12-31T23:59:59Z"), Some(-1_000_000));
         assert_eq!(unix_micros("2026-12-05 10:00:00Z"), None);
+    }
+
+    #[test]
+    fn days_count_from_the_epoch_both_ways() {
+        for days in [-719_468, -1, 0, 59, 10_956, 20_819, 2_932_896] {
+            let (y, m, d) = super::date_from_epoch_days(days);
+            assert_eq!(super::days_from_epoch(y, m, d), days);
+        }
+        assert_eq!(super::days_from_epoch(1970, 1, 1), 0);
+        assert_eq!(super::date_from_epoch_days(-1), (1969, 12, 31));
+        assert_eq!(super::date_from_epoch_days(20_819), (2027, 1, 1));
     }
 
     use super::*;

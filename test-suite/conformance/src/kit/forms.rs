@@ -322,16 +322,7 @@ pub(crate) fn draw_timestamp(rng: &mut Rng) -> Value {
 /// `YYYY-MM-DD<t>HH:MM:SS` of a minute counted from 1970-01-01T00:00.
 fn clock(minutes: i64, second: u8, t: char) -> String {
     let (days, m) = (minutes.div_euclid(1440), minutes.rem_euclid(1440));
-    // Civil from days (proleptic Gregorian).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
+    let (year, month, day) = result_inbox::canonical::date_from_epoch_days(days);
     format!(
         "{year:04}-{month:02}-{day:02}{t}{:02}:{:02}:{second:02}",
         m / 60,

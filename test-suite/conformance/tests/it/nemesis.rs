@@ -539,24 +539,8 @@ fn unix_now() -> f64 {
 
 /// The Unix time of a log line's leading UTC timestamp (`2026-12-05T14:02:22.322081Z`).
 fn line_time(line: &str) -> Option<f64> {
-    let stamp = line.split_whitespace().next()?.strip_suffix('Z')?;
-    let (date, time) = stamp.split_once('T')?;
-    let mut d = date.split('-').map(|x| x.parse::<i64>().ok());
-    let (y, m, day) = (d.next()??, d.next()??, d.next()??);
-    let mut t = time.split(':');
-    let (h, min) = (
-        t.next()?.parse::<f64>().ok()?,
-        t.next()?.parse::<f64>().ok()?,
-    );
-    let sec = t.next()?.parse::<f64>().ok()?;
-    // Days from 1970-01-01 to the civil date (the proleptic Gregorian calendar).
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let doy = (153 * (m + if m > 2 { -3 } else { 9 }) + 2) / 5 + day - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    let days = era * 146_097 + doe - 719_468;
-    Some(days as f64 * 86_400.0 + h * 3_600.0 + min * 60.0 + sec)
+    let stamp = line.split_whitespace().next()?;
+    Some(result_inbox::canonical::unix_micros(stamp)? as f64 / 1e6)
 }
 
 /// The consumers' stream reconnects, by the reason their logs give.
