@@ -148,26 +148,12 @@ pub(crate) fn backup_tool() -> Result<PathBuf, Error> {
         })
 }
 
-/// Runs MariaDB's backup tool with `args` after `--defaults-file=<defaults>` (the options it
-/// must share with the server) or `--no-defaults`, its output into `log`.
-fn run_backup_tool(
-    defaults: Option<&Path>,
-    args: &[String],
-    log: &Path,
-    what: &str,
-) -> Result<(), Error> {
-    let tool = backup_tool()?;
+/// Runs `cmd` with its output into `log`; an error names `what` and carries the log's tail.
+fn run_logged(mut cmd: Command, log: &Path, what: &str) -> Result<(), Error> {
     let out =
         fs::File::create(log).map_err(Error::io(format!("cannot create {}", log.display())))?;
-    let first = match defaults {
-        Some(file) => format!("--defaults-file={}", file.display()),
-        None => "--no-defaults".to_owned(),
-    };
-    let status = Command::new(&tool)
-        .arg(first)
-        .args(args)
-        // The times it writes into `xtrabackup_info` are local: make them UTC.
-        .env("TZ", "UTC")
+    let program = Path::new(cmd.get_program()).display().to_string();
+    let status = cmd
         .stdin(Stdio::null())
         .stdout(
             out.try_clone()
@@ -175,7 +161,7 @@ fn run_backup_tool(
         )
         .stderr(out)
         .status()
-        .map_err(Error::io(format!("cannot run {}", tool.display())))?;
+        .map_err(Error::io(format!("{what}: cannot run {program}")))?;
     if !status.success() {
         return Err(Error::Server {
             what: format!("{what} failed ({status})"),
@@ -184,6 +170,25 @@ fn run_backup_tool(
         });
     }
     Ok(())
+}
+
+/// Runs MariaDB's backup tool with `args` after `--defaults-file=<defaults>` (the options it
+/// must share with the server) or `--no-defaults`, its output into `log`.
+fn run_backup_tool(
+    defaults: Option<&Path>,
+    args: &[String],
+    log: &Path,
+    what: &str,
+) -> Result<(), Error> {
+    let mut cmd = Command::new(backup_tool()?);
+    cmd.arg(match defaults {
+        Some(file) => format!("--defaults-file={}", file.display()),
+        None => "--no-defaults".to_owned(),
+    })
+    .args(args)
+    // The times it writes into `xtrabackup_info` are local: make them UTC.
+    .env("TZ", "UTC");
+    run_logged(cmd, log, what)
 }
 
 /// Writes a TLS server's certificates into its directory; what the server is started with.
@@ -276,9 +281,7 @@ impl LocalServer {
         // they shared `$TMPDIR` (this failed a CI run).
         let tmp = dir.join("tmp");
         fs::create_dir_all(&tmp).map_err(Error::io(format!("cannot create {}", tmp.display())))?;
-        let log_file = fs::File::create(&log)
-            .map_err(Error::io(format!("cannot create {}", log.display())))?;
-        let mut cmd = if program.mariadb {
+        let cmd = if program.mariadb {
             let installer = find_in_path("mariadb-install-db")
                 .or_else(|| find_in_path("mysql_install_db"))
                 .ok_or_else(|| {
@@ -305,24 +308,7 @@ impl LocalServer {
             }
             cmd
         };
-        let status = cmd
-            .stdin(Stdio::null())
-            .stdout(
-                log_file
-                    .try_clone()
-                    .map_err(Error::io(format!("cannot write {}", log.display())))?,
-            )
-            .stderr(log_file)
-            .status()
-            .map_err(Error::io("cannot run the datadir installer"))?;
-        if !status.success() {
-            return Err(Error::Server {
-                what: format!("creating a datadir failed ({status})"),
-                tail: tail(&log, 2000),
-                log,
-            });
-        }
-        Ok(())
+        run_logged(cmd, &log, "creating a datadir")
     }
 
     /// Copies the prepared backup in `backup` into `dir`'s datadir, as an operator restores one.

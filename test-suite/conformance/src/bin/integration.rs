@@ -92,9 +92,23 @@ const LOCAL_ONLY: &[(&str, &str)] = &[
 /// suite, and the variable. `storage-tls` is the storage suite with every connection over
 /// verified TLS to a server that refuses plain TCP (R-TLS-1); `storage-encrypted` is the
 /// storage suite on a server that encrypts everything it writes (docs/recovery.md).
-const VARIANTS: &[(&str, &str, &str)] = &[
-    ("storage-tls", "storage", testdb::TESTDB_TLS),
-    ("storage-encrypted", "storage", testdb::TESTDB_ENCRYPTED),
+/// The fourth field is what the description of every server the variant had must contain (a
+/// variant that got a plain server would prove nothing), the fifth what such servers are.
+const VARIANTS: &[(&str, &str, &str, &str, &str)] = &[
+    (
+        "storage-tls",
+        "storage",
+        testdb::TESTDB_TLS,
+        "TLS only",
+        "TLS-only servers",
+    ),
+    (
+        "storage-encrypted",
+        "storage",
+        testdb::TESTDB_ENCRYPTED,
+        testdb::ENCRYPTED_NOTE,
+        "servers encrypted at rest",
+    ),
 ];
 
 /// On the container run: suites on the container server whose database-loss tests start a
@@ -265,12 +279,7 @@ fn run_suite(run: &Run, suite: &str, tests: &[String]) -> Outcome {
                 .env("TMPDIR", &tmp)
                 .env(RUN_VAR, run_id)
                 .envs(backend.map(|b| (testdb::TESTDB_BACKEND, b)))
-                .envs(
-                    VARIANTS
-                        .iter()
-                        .filter(|(name, _, _)| *name == suite)
-                        .map(|(_, _, variable)| (*variable, "1")),
-                )
+                .envs(VARIANTS.iter().filter(|v| v.0 == suite).map(|v| (v.2, "1")))
                 .env(testdb::TESTDB_ANNOUNCE, "1")
                 .stdin(Stdio::null())
                 .stdout(f.try_clone()?)
@@ -289,26 +298,13 @@ fn run_suite(run: &Run, suite: &str, tests: &[String]) -> Outcome {
     if let Err(e) = &result {
         eprintln!("integration: cannot run suite {suite}: {e}");
     }
-    // A TLS variant that got a plain server would prove nothing: every server it had must
-    // have been a TLS-only one.
-    let tls_variant = VARIANTS
-        .iter()
-        .any(|(name, _, variable)| *name == suite && *variable == testdb::TESTDB_TLS);
-    if tls_variant && (servers.is_empty() || servers.iter().any(|s| !s.contains("TLS only"))) {
-        eprintln!("integration: suite {suite} must run on TLS-only servers; it had: {servers:?}");
-        ok = false;
-    }
-    // Likewise an encrypted variant on a server that does not encrypt.
-    let encrypted_variant = VARIANTS
-        .iter()
-        .any(|(name, _, variable)| *name == suite && *variable == testdb::TESTDB_ENCRYPTED);
-    if encrypted_variant
-        && (servers.is_empty() || servers.iter().any(|s| !s.contains(testdb::ENCRYPTED_NOTE)))
-    {
-        eprintln!(
-            "integration: suite {suite} must run on servers encrypted at rest; it had: {servers:?}"
-        );
-        ok = false;
+    // A variant that got a plain server would prove nothing: every server it had must be of
+    // its kind.
+    for (_, _, _, mark, kind) in VARIANTS.iter().filter(|v| v.0 == suite) {
+        if servers.is_empty() || servers.iter().any(|s| !s.contains(mark)) {
+            eprintln!("integration: suite {suite} must run on {kind}; it had: {servers:?}");
+            ok = false;
+        }
     }
     Outcome {
         suite: suite.to_owned(),
@@ -458,7 +454,7 @@ struct Plan {
 fn plan(options: Options) -> Result<Plan, String> {
     let bin = test_binary(options.containers)?;
     let mut suites = suites(&bin)?;
-    for (name, suite, _) in VARIANTS {
+    for (name, suite, ..) in VARIANTS {
         if let Some(tests) = suites.get(*suite).cloned() {
             suites.insert((*name).to_owned(), tests);
         }
