@@ -414,7 +414,28 @@ async fn drained_ledger(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hot_backup_taken_mid_load_is_restored_and_reconcile_brings_back_exactly_what_came_after_it(
 ) {
-    let server = Arc::new(Server::local().expect("a local server"));
+    restore_drill(Server::local().expect("a local server"), false).await;
+}
+
+/// The restore drill on a server encrypted at rest (docs/recovery.md's settings): the hot
+/// backup copies encrypted pages and an encrypted redo log while the load writes, is prepared
+/// with the key, and restored onto a server given the same key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_encrypted_servers_hot_backup_taken_mid_load_restores_and_reconciles_as_a_plain_ones_does(
+) {
+    let server = Server::local_encrypted().expect("a local server encrypted at rest");
+    restore_drill(server, true).await;
+}
+
+/// The drill's steps on `server`, which is `encrypted` at rest or not; so must the restored
+/// copy be.
+async fn restore_drill(server: Server, encrypted: bool) {
+    let label = if encrypted {
+        "restore drill, encrypted at rest"
+    } else {
+        "restore drill"
+    };
+    let server = Arc::new(server);
     let db = server.provision().await.expect("provisioned");
     conformance::initialise(&db).await;
     let orbit = Arc::new(OrbitDev::start(&["--enable-fault-api"]).await);
@@ -490,6 +511,22 @@ async fn a_hot_backup_taken_mid_load_is_restored_and_reconcile_brings_back_exact
             "event {event}: restored, but not as the old server held it"
         );
     }
+    // The restored copy keeps the receiver's tables encrypted when the original was.
+    let mut root = MySqlConnection::connect(restored.admin_url().expose())
+        .await
+        .unwrap();
+    let encrypted_tables: Vec<String> = sqlx::query_scalar(
+        "SELECT NAME FROM information_schema.INNODB_TABLESPACES_ENCRYPTION \
+         WHERE NAME LIKE '%/receiver\\_%' AND ENCRYPTION_SCHEME = 1 ORDER BY NAME",
+    )
+    .fetch_all(&mut root)
+    .await
+    .unwrap();
+    assert_eq!(
+        encrypted_tables.len(),
+        if encrypted { 2 } else { 0 },
+        "the restored server's encrypted receiver tables: {encrypted_tables:?}"
+    );
     // The backup is consistent: every view it holds names an applied row it holds.
     let orphans: i64 = sqlx::query_scalar(
         "SELECT COUNT(*) FROM receiver_task_views v LEFT JOIN receiver_inbox i \
@@ -574,7 +611,7 @@ async fn a_hot_backup_taken_mid_load_is_restored_and_reconcile_brings_back_exact
     conformance::note(
         "recovery",
         format_args!(
-            "restore drill: {tasks} tasks and {late} late versions, {} deliveries of {} events ({} recorded stale); \
+            "{label}: {tasks} tasks and {late} late versions, {} deliveries of {} events ({} recorded stale); \
          backup taken mid-load in {:.1} s, prepared in {:.1} s, restored in {:.1} s, holding {} events; \
          after its point (from the ledger): {} events in {lost_deliveries} deliveries; \
          reconcile --dry-run found {found} missing; reconcile redelivered {redelivered}; ledger violations: 0",
