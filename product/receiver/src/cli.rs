@@ -544,12 +544,13 @@ pub const RECONCILE_HELP: &str = "usage: receiver reconcile --since TIME [--unti
 Lists the subscription's deliveries the platform holds as ACKED in [--since, --until) (RFC 3339,
 e.g. 2026-12-05T10:00:00Z; --until defaults to now; at most 31 days), page by page, finds those
 whose event has no inbox row under RECEIVER_NAME and the queue (one indexed lookup per page),
-and asks the platform to deliver each of them again (POST /v1/deliveries/{id}/redeliver), so
+and asks the platform to deliver each such event again (POST /v1/deliveries/{id}/redeliver,
+once per event: another ACKED delivery of the same event is reported, not redelivered), so
 that it flows through `consume` and its dedup like any delivery. After a restore of the
 receiver's database, start the window at the backup's point in time, or a little before.
 It reads the database only (the runtime account's SELECT suffices) and needs events:read, and
 events:manage unless --dry-run. Prints each missing delivery and one summary line:
-`reconcile window=… deliveries=… present=… missing=… redelivered=… refused=… pruned=… pages=… retained_since=… seconds=… result=…`.
+`reconcile window=… deliveries=… present=… missing=… missing_events=… redelivered=… refused=… pruned=… pages=… retained_since=… seconds=… result=…`.
 A delivery without a row that was ACKED before the inbox's oldest row was removed by `receiver
 prune`, not lost (a restore loses the newest rows, never the oldest): it is counted as pruned
 and not redelivered, unless --allow-pruned-window (its redelivery is harmless: recorded as not

@@ -5,9 +5,11 @@
 //! by page; each page costs one indexed lookup in the inbox (`event_id IN (…)` under the
 //! primary key's prefix), never one per delivery. A missing event is not applied here: the
 //! platform is asked to deliver it again (`POST /v1/deliveries/{id}/redeliver`), so it takes the
-//! one path every event takes, `consume` and its dedup. The run writes nothing to the database.
+//! one path every event takes, `consume` and its dedup. An event the platform delivered more
+//! than once is asked for once: its other ACKED deliveries are reported, not redelivered. The
+//! run writes nothing to the database.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::time::Instant;
 
@@ -61,9 +63,12 @@ pub struct Summary {
     /// Of those, with an inbox row.
     pub present: u64,
     pub missing: u64,
-    /// Missing ones the platform accepted to deliver again.
+    /// The events of the missing deliveries: fewer when the platform delivered one event more
+    /// than once.
+    pub missing_events: u64,
+    /// Missing events the platform accepted to deliver again (one delivery each).
     pub redelivered: u64,
-    /// Missing ones it refused to (no longer ACKED: already on their way again).
+    /// Missing events whose delivery it refused to (no longer ACKED: already on its way again).
     pub refused: u64,
     /// Without a row, but ACKED before the inbox's oldest row: removed by `receiver prune`,
     /// not lost (a restore loses the newest rows, never the oldest); not redelivered unless
@@ -104,11 +109,12 @@ impl fmt::Display for Summary {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "reconcile window={} deliveries={} present={} missing={} redelivered={} refused={} pruned={} pages={} retained_since={} seconds={:.1} result={}",
+            "reconcile window={} deliveries={} present={} missing={} missing_events={} redelivered={} refused={} pruned={} pages={} retained_since={} seconds={:.1} result={}",
             self.window,
             self.deliveries,
             self.present,
             self.missing,
+            self.missing_events,
             self.redelivered,
             self.refused,
             self.pruned,
@@ -182,6 +188,9 @@ pub async fn run(
     };
     let mut progress = Progress::new("reconcile");
     let mut after: Option<String> = None;
+    // Each missing event, with the delivery reported (and, unless --dry-run, redelivered) for
+    // it: one entry per event lost, across pages.
+    let mut asked: HashMap<String, String> = HashMap::new();
     loop {
         let page = match client
             .list_acked(
@@ -235,9 +244,19 @@ pub async fn run(
                 continue;
             }
             summary.missing += 1;
-            let verdict = if args.dry_run {
+            let verdict = if let Some(first) = asked.get(&d.event_id) {
+                if args.dry_run {
+                    format!("missing (its event also by delivery={first})")
+                } else {
+                    format!("missing, not redelivered: its event is, by delivery={first}")
+                }
+            } else if args.dry_run {
+                summary.missing_events += 1;
+                asked.insert(d.event_id.clone(), d.id.to_string());
                 "missing".to_owned()
             } else {
+                summary.missing_events += 1;
+                asked.insert(d.event_id.clone(), d.id.to_string());
                 match client.redeliver(&d.id, None).await {
                     Ok(_) => {
                         summary.redelivered += 1;
@@ -330,18 +349,19 @@ mod tests {
             deliveries: 12,
             present: 9,
             missing: 3,
+            missing_events: 2,
             dry_run: true,
             pages: 1,
             ..Summary::default()
         };
         assert_eq!(
             s.to_string(),
-            "reconcile window=2026-12-05T10:00:00Z..now deliveries=12 present=9 missing=3 redelivered=0 refused=0 pruned=0 pages=1 retained_since=- seconds=0.0 result=missing"
+            "reconcile window=2026-12-05T10:00:00Z..now deliveries=12 present=9 missing=3 missing_events=2 redelivered=0 refused=0 pruned=0 pages=1 retained_since=- seconds=0.0 result=missing"
         );
         assert_eq!(s.exit_code(), MISSING);
         let done = Summary {
             dry_run: false,
-            redelivered: 3,
+            redelivered: 2,
             ..s
         };
         assert_eq!((done.exit_code(), done.result()), (0, "redelivered"));

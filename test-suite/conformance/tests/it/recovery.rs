@@ -140,6 +140,7 @@ async fn reconcile_finds_exactly_the_events_a_restore_lost_and_has_them_applied_
         "deliveries",
         "present",
         "missing",
+        "missing_events",
         "pruned",
         "redelivered",
         "result",
@@ -147,7 +148,11 @@ async fn reconcile_finds_exactly_the_events_a_restore_lost_and_has_them_applied_
     .iter()
     .map(|k| s.get(*k).map_or("?", String::as_str))
     .collect();
-    assert_eq!(counts, ["30", "20", "7", "3", "0", "missing"], "{stdout}");
+    assert_eq!(
+        counts,
+        ["30", "20", "7", "7", "3", "0", "missing"],
+        "{stdout}"
+    );
     let reported: BTreeSet<String> = stdout
         .lines()
         .filter(|l| l.ends_with(" missing"))
@@ -569,17 +574,41 @@ async fn restore_drill(server: Server, encrypted: bool) {
     let expected: BTreeSet<&str> = after_point.keys().map(|e| e.as_str()).collect();
     assert_eq!(reported, expected, "the events reconcile reports missing");
     assert_eq!(
-        (s["missing"].clone(), s["pruned"].clone()),
-        (lost_deliveries.to_string(), "0".to_owned()),
+        (
+            s["missing"].clone(),
+            s["missing_events"].clone(),
+            s["pruned"].clone()
+        ),
+        (
+            lost_deliveries.to_string(),
+            after_point.len().to_string(),
+            "0".to_owned()
+        ),
         "{stdout}"
+    );
+    // The load's duplicate deliveries: some lost events were ACKED twice.
+    assert!(
+        lost_deliveries > after_point.len(),
+        "{lost_deliveries} deliveries of {} events",
+        after_point.len()
     );
     let found = s["missing"].clone();
 
+    // Once per event: the other deliveries of an event are reported, not redelivered.
     let (out, s) = reconcile(&env, &["--since", &backup_start]);
     assert_exit(&out, 0);
     assert_eq!(
         (s["redelivered"].clone(), s["refused"].clone()),
-        (lost_deliveries.to_string(), "0".to_owned())
+        (after_point.len().to_string(), "0".to_owned())
+    );
+    let not_again = text(&out.stdout)
+        .lines()
+        .filter(|l| l.contains(" missing, not redelivered: its event is, by delivery="))
+        .count();
+    assert_eq!(not_again, lost_deliveries - after_point.len());
+    assert_eq!(
+        orbit.metric("orbit_redelivered_total"),
+        Some(after_point.len() as u64)
     );
     let redelivered = s["redelivered"].clone();
     let consumer = Consumer::normal(&env);
@@ -614,7 +643,7 @@ async fn restore_drill(server: Server, encrypted: bool) {
             "{label}: {tasks} tasks and {late} late versions, {} deliveries of {} events ({} recorded stale); \
          backup taken mid-load in {:.1} s, prepared in {:.1} s, restored in {:.1} s, holding {} events; \
          after its point (from the ledger): {} events in {lost_deliveries} deliveries; \
-         reconcile --dry-run found {found} missing; reconcile redelivered {redelivered}; ledger violations: 0",
+         reconcile --dry-run found {found} missing of {} events; reconcile redelivered {redelivered}, one delivery per event; ledger violations: 0",
         before.deliveries,
         before.events,
         after.stale,
@@ -622,6 +651,7 @@ async fn restore_drill(server: Server, encrypted: bool) {
         backup.prepared_in.as_secs_f64(),
         restored_in.as_secs_f64(),
         held.len(),
+        after_point.len(),
         after_point.len(),
     ),
     );
