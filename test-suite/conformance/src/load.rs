@@ -84,6 +84,29 @@ pub async fn produce(
     ids.into_iter().flatten().collect()
 }
 
+/// Sends version 1 of `task` again, late, under an id of its own (orbit-dev's `forge-event`
+/// with `keep_id` false, so the new id is also the platform's key for it, and the listing of
+/// ACKED deliveries names it as its body does), copied from the task's first delivery to
+/// `sub`. The receiver records it as stale once the task is past version 1. Whether the task
+/// had a delivery to copy.
+pub async fn send_late_version(
+    orbit: &OrbitDev,
+    client: &orbit_sdk::Client,
+    sub: &orbit_sdk::SubscriptionId,
+    task: &str,
+) -> bool {
+    let filter = orbit_sdk::DeliveryFilter {
+        task_id: Some(task.to_owned()),
+        ..Default::default()
+    };
+    let emitted = client.list_deliveries(sub, &filter).await.unwrap();
+    let Some(first) = emitted.first() else {
+        return false;
+    };
+    orbit.fault(json!({"fault": "forge-event", "event_id": first.event_id, "keep_id": false, "task_version": 1}));
+    true
+}
+
 /// Waits until no delivery of `sub` is left unACKED (PENDING, LEASED or EXPIRED), asking the
 /// platform's database every `every` whether one is left: one index entry read, whatever the
 /// backlog, so the watch does not load the platform it measures. Panics after `within`.

@@ -513,14 +513,8 @@ async fn load(
         tasks += ids.len();
         done.extend(ids);
         if rng.usize(0..3) == 0 {
-            let task = done[rng.usize(..done.len())].clone();
-            let filter = orbit_sdk::DeliveryFilter {
-                task_id: Some(task),
-                ..Default::default()
-            };
-            let emitted = client.list_deliveries(&sub, &filter).await.unwrap();
-            if let Some(d) = emitted.first() {
-                orbit.fault(serde_json::json!({"fault": "forge-event", "event_id": d.event_id, "keep_id": false, "task_version": 1}));
+            let task = &done[rng.usize(..done.len())];
+            if conformance::load::send_late_version(&orbit, &client, &sub, task).await {
                 forged += 1;
             }
         }

@@ -342,14 +342,11 @@ async fn paced_load(
     while !stop.load(Ordering::SeqCst) {
         let ids = produce(&orbit, &client, &sub, 3, &mut rng, |_| {}).await;
         tasks += ids.len();
-        let filter = orbit_sdk::DeliveryFilter {
-            task_id: Some(ids[rng.usize(..ids.len())].clone()),
-            ..Default::default()
-        };
-        let emitted = client.list_deliveries(&sub, &filter).await.unwrap();
-        // A new id (`keep_id` false), which is also its key on the platform: the listing of
-        // ACKED deliveries names it as the body does.
-        orbit.fault(serde_json::json!({"fault": "forge-event", "event_id": emitted[0].event_id, "keep_id": false, "task_version": 1}));
+        let task = &ids[rng.usize(..ids.len())];
+        assert!(
+            conformance::load::send_late_version(&orbit, &client, &sub, task).await,
+            "task {task} has deliveries"
+        );
         late += 1;
         let due = started + Duration::from_secs_f64(tasks as f64 / DRILL_TASKS_PER_SECOND);
         tokio::time::sleep_until(due.into()).await;
