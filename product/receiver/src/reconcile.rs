@@ -9,6 +9,7 @@
 //! than once is asked for once: its other ACKED deliveries are reported, not redelivered. The
 //! run writes nothing to the database.
 
+use std::collections::hash_map::Entry;
 use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::time::Instant;
@@ -244,20 +245,22 @@ pub async fn run(
                 continue;
             }
             summary.missing += 1;
-            let verdict = if let Some(first) = asked.get(&d.event_id) {
-                if args.dry_run {
-                    format!("missing (its event also by delivery={first})")
-                } else {
+            // The delivery already reported for this event, if one was.
+            let first = match asked.entry(d.event_id.clone()) {
+                Entry::Occupied(seen) => Some(seen.get().clone()),
+                Entry::Vacant(slot) => {
+                    slot.insert(d.id.to_string());
+                    summary.missing_events += 1;
+                    None
+                }
+            };
+            let verdict = match (first, args.dry_run) {
+                (Some(first), true) => format!("missing (its event also by delivery={first})"),
+                (Some(first), false) => {
                     format!("missing, not redelivered: its event is, by delivery={first}")
                 }
-            } else if args.dry_run {
-                summary.missing_events += 1;
-                asked.insert(d.event_id.clone(), d.id.to_string());
-                "missing".to_owned()
-            } else {
-                summary.missing_events += 1;
-                asked.insert(d.event_id.clone(), d.id.to_string());
-                match client.redeliver(&d.id, None).await {
+                (None, true) => "missing".to_owned(),
+                (None, false) => match client.redeliver(&d.id, None).await {
                     Ok(_) => {
                         summary.redelivered += 1;
                         "missing, redelivery requested".to_owned()
@@ -270,7 +273,7 @@ pub async fn run(
                         summary.failed = Some(format!("the platform: {e}"));
                         break;
                     }
-                }
+                },
             };
             progress.clear();
             println!(
