@@ -88,27 +88,36 @@ const LOCAL_ONLY: &[(&str, &str)] = &[
     ),
 ];
 
-/// Suites run a second time, under a name of their own, with one variable set: the name, the
-/// suite, and the variable. `storage-tls` is the storage suite with every connection over
-/// verified TLS to a server that refuses plain TCP (R-TLS-1); `storage-encrypted` is the
-/// storage suite on a server that encrypts everything it writes (docs/recovery.md).
-/// The fourth field is what the description of every server the variant had must contain (a
-/// variant that got a plain server would prove nothing), the fifth what such servers are.
-const VARIANTS: &[(&str, &str, &str, &str, &str)] = &[
-    (
-        "storage-tls",
-        "storage",
-        testdb::TESTDB_TLS,
-        "TLS only",
-        "TLS-only servers",
-    ),
-    (
-        "storage-encrypted",
-        "storage",
-        testdb::TESTDB_ENCRYPTED,
-        testdb::ENCRYPTED_NOTE,
-        "servers encrypted at rest",
-    ),
+/// A suite run a second time, under a name of its own, with one variable set.
+struct Variant {
+    name: &'static str,
+    suite: &'static str,
+    variable: &'static str,
+    /// What the description of every server the variant had must contain: a variant that got a
+    /// plain server would prove nothing.
+    mark: &'static str,
+    /// What such servers are, for the error.
+    kind: &'static str,
+}
+
+/// `storage-tls` is the storage suite with every connection over verified TLS to a server that
+/// refuses plain TCP (R-TLS-1); `storage-encrypted` is the storage suite on a server that
+/// encrypts everything it writes (docs/recovery.md).
+const VARIANTS: &[Variant] = &[
+    Variant {
+        name: "storage-tls",
+        suite: "storage",
+        variable: testdb::TESTDB_TLS,
+        mark: "TLS only",
+        kind: "TLS-only servers",
+    },
+    Variant {
+        name: "storage-encrypted",
+        suite: "storage",
+        variable: testdb::TESTDB_ENCRYPTED,
+        mark: testdb::ENCRYPTED_NOTE,
+        kind: "servers encrypted at rest",
+    },
 ];
 
 /// On the container run: suites on the container server whose database-loss tests start a
@@ -279,7 +288,12 @@ fn run_suite(run: &Run, suite: &str, tests: &[String]) -> Outcome {
                 .env("TMPDIR", &tmp)
                 .env(RUN_VAR, run_id)
                 .envs(backend.map(|b| (testdb::TESTDB_BACKEND, b)))
-                .envs(VARIANTS.iter().filter(|v| v.0 == suite).map(|v| (v.2, "1")))
+                .envs(
+                    VARIANTS
+                        .iter()
+                        .filter(|v| v.name == suite)
+                        .map(|v| (v.variable, "1")),
+                )
                 .env(testdb::TESTDB_ANNOUNCE, "1")
                 .stdin(Stdio::null())
                 .stdout(f.try_clone()?)
@@ -300,9 +314,12 @@ fn run_suite(run: &Run, suite: &str, tests: &[String]) -> Outcome {
     }
     // A variant that got a plain server would prove nothing: every server it had must be of
     // its kind.
-    for (_, _, _, mark, kind) in VARIANTS.iter().filter(|v| v.0 == suite) {
-        if servers.is_empty() || servers.iter().any(|s| !s.contains(mark)) {
-            eprintln!("integration: suite {suite} must run on {kind}; it had: {servers:?}");
+    for v in VARIANTS.iter().filter(|v| v.name == suite) {
+        if servers.is_empty() || servers.iter().any(|s| !s.contains(v.mark)) {
+            eprintln!(
+                "integration: suite {suite} must run on {}; it had: {servers:?}",
+                v.kind
+            );
             ok = false;
         }
     }
@@ -454,9 +471,9 @@ struct Plan {
 fn plan(options: Options) -> Result<Plan, String> {
     let bin = test_binary(options.containers)?;
     let mut suites = suites(&bin)?;
-    for (name, suite, ..) in VARIANTS {
-        if let Some(tests) = suites.get(*suite).cloned() {
-            suites.insert((*name).to_owned(), tests);
+    for v in VARIANTS {
+        if let Some(tests) = suites.get(v.suite).cloned() {
+            suites.insert(v.name.to_owned(), tests);
         }
     }
     #[allow(clippy::disallowed_methods)] // the engine's address, for the container run
