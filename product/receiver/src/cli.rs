@@ -16,6 +16,8 @@ use crate::inspect::Target;
 pub enum Invocation {
     /// Print this help text; exit 0.
     Help(&'static str),
+    /// Print the version line; exit 0.
+    Version,
     /// Run a command.
     Run(Command),
 }
@@ -103,8 +105,6 @@ pub struct Usage(pub String);
     disable_version_flag = true
 )]
 struct Cli {
-    #[arg(short, long)]
-    help: bool,
     #[command(subcommand)]
     command: Option<Sub>,
 }
@@ -125,16 +125,11 @@ enum Sub {
 /// A command whose configuration is all in the environment.
 #[derive(Args)]
 #[command(disable_help_flag = true)]
-struct Bare {
-    #[arg(short, long)]
-    help: bool,
-}
+struct Bare {}
 
 #[derive(Args)]
 #[command(disable_help_flag = true)]
 struct DigestArgs {
-    #[arg(short, long)]
-    help: bool,
     #[arg(long, overrides_with = "queue")]
     queue: Option<String>,
     file: Option<String>,
@@ -143,8 +138,6 @@ struct DigestArgs {
 #[derive(Args)]
 #[command(disable_help_flag = true)]
 struct PruneFlags {
-    #[arg(short, long)]
-    help: bool,
     #[arg(long, allow_hyphen_values = true)]
     older_than: Option<String>,
     #[arg(long, allow_hyphen_values = true)]
@@ -164,8 +157,6 @@ struct PruneFlags {
 #[derive(Args)]
 #[command(disable_help_flag = true)]
 struct ReconcileFlags {
-    #[arg(short, long)]
-    help: bool,
     #[arg(long, allow_hyphen_values = true)]
     since: Option<String>,
     #[arg(long, allow_hyphen_values = true)]
@@ -179,8 +170,6 @@ struct ReconcileFlags {
 #[derive(Args)]
 #[command(disable_help_flag = true)]
 struct InspectArgs {
-    #[arg(short, long)]
-    help: bool,
     #[arg(long, conflicts_with = "task_id")]
     event_id: Option<String>,
     #[arg(long)]
@@ -200,34 +189,64 @@ pub fn parse(args: Vec<OsString>) -> Result<Invocation, Usage> {
         .map(OsString::into_string)
         .collect::<Result<_, _>>()
         .map_err(|_| Usage("receiver: an argument is not valid UTF-8".into()))?;
+    // Help and the version are answered before anything else is read: wherever `--help`
+    // stands, the command it names is explained, never run.
+    match about::asked(&args) {
+        about::Asked::Help => {
+            return Ok(Invocation::Help(help_of(about::command_named(
+                &args, COMMANDS,
+            ))))
+        }
+        about::Asked::Version => return Ok(Invocation::Version),
+        about::Asked::Run => {}
+    }
     let command = args.first().cloned().unwrap_or_default();
     let cli = Cli::try_parse_from(std::iter::once("receiver".to_owned()).chain(args))
         .map_err(|e| usage_line(&command, &e))?;
     let Some(sub) = cli.command else {
-        return if cli.help {
-            Ok(Invocation::Help(USAGE))
-        } else {
-            Err(Usage(format!("receiver: no command given\n{USAGE}")))
-        };
+        return Err(Usage(format!(
+            "receiver: no command given; the commands are {} (`receiver --help`)",
+            COMMANDS.join(", ")
+        )));
     };
-    let (help, text, command) = match sub {
-        Sub::Help => (true, USAGE, None),
-        Sub::Init(b) => (b.help, INIT_HELP, Some(Command::Init)),
-        Sub::Demo(b) => (b.help, DEMO_HELP, Some(Command::Demo)),
-        Sub::Consume(b) => (b.help, CONSUME_HELP, Some(Command::Consume)),
-        Sub::Retention(b) => (b.help, RETENTION_HELP, Some(Command::Retention)),
-        Sub::Prune(p) if p.help => (true, PRUNE_HELP, None),
-        Sub::Prune(p) => (false, PRUNE_HELP, Some(prune(p)?)),
-        Sub::Reconcile(r) if r.help => (true, RECONCILE_HELP, None),
-        Sub::Reconcile(r) => (false, RECONCILE_HELP, Some(reconcile(r, unix_now())?)),
-        Sub::Digest(d) if d.help => (true, DIGEST_HELP, None),
-        Sub::Digest(d) => (false, DIGEST_HELP, Some(digest(d)?)),
-        Sub::Inspect(i) if i.help => (true, INSPECT_HELP, None),
-        Sub::Inspect(i) => (false, INSPECT_HELP, Some(inspect(i)?)),
-    };
+    Ok(match sub {
+        Sub::Help => Invocation::Help(USAGE),
+        Sub::Init(_) => Invocation::Run(Command::Init),
+        Sub::Demo(_) => Invocation::Run(Command::Demo),
+        Sub::Consume(_) => Invocation::Run(Command::Consume),
+        Sub::Retention(_) => Invocation::Run(Command::Retention),
+        Sub::Prune(p) => Invocation::Run(prune(p)?),
+        Sub::Reconcile(r) => Invocation::Run(reconcile(r, unix_now())?),
+        Sub::Digest(d) => Invocation::Run(digest(d)?),
+        Sub::Inspect(i) => Invocation::Run(inspect(i)?),
+    })
+}
+
+/// The commands, in the order the help lists them (`help` too, which prints it).
+pub const COMMANDS: &[&str] = &[
+    "init",
+    "demo",
+    "consume",
+    "digest",
+    "inspect",
+    "retention",
+    "prune",
+    "reconcile",
+    "help",
+];
+
+/// The help of `command`, or the program's when none is named.
+fn help_of(command: Option<&str>) -> &'static str {
     match command {
-        Some(command) if !help => Ok(Invocation::Run(command)),
-        _ => Ok(Invocation::Help(text)),
+        Some("init") => INIT_HELP,
+        Some("demo") => DEMO_HELP,
+        Some("consume") => CONSUME_HELP,
+        Some("retention") => RETENTION_HELP,
+        Some("prune") => PRUNE_HELP,
+        Some("reconcile") => RECONCILE_HELP,
+        Some("digest") => DIGEST_HELP,
+        Some("inspect") => INSPECT_HELP,
+        _ => USAGE,
     }
 }
 
@@ -448,8 +467,12 @@ fn usage_line(command: &str, e: &clap::Error) -> Usage {
         .to_owned();
     match e.kind() {
         ErrorKind::InvalidSubcommand => Usage(format!(
-            "receiver: unknown command `{}`: run `receiver help` for the commands",
-            context(ContextKind::InvalidSubcommand)
+            "receiver: {}",
+            about::unknown_command("receiver", &context(ContextKind::InvalidSubcommand), COMMANDS)
+        )),
+        ErrorKind::UnknownArgument if !COMMANDS.contains(&command) => Usage(format!(
+            "receiver: unknown flag `{flag}` before the command; the commands are {} (`receiver --help`)",
+            COMMANDS.join(", ")
         )),
         ErrorKind::UnknownArgument => match command {
             "digest" if flag.starts_with("--") => {
@@ -690,8 +713,29 @@ mod tests {
             (&["prune", "--help"], PRUNE_HELP),
             (&["prune", "--older-than", "30d", "-h"], PRUNE_HELP),
             (&["demo", "--help"], DEMO_HELP),
+            // Anywhere on the line, before the command or among bad values: never run.
+            (&["--help", "prune", "--older-than", "30d"], PRUNE_HELP),
+            (&["-h", "init"], INIT_HELP),
+            (
+                &["reconcile", "--since", "yesterday", "--help"],
+                RECONCILE_HELP,
+            ),
+            (&["inspect", "--frob", "-h"], INSPECT_HELP),
+            (&["--version", "consume", "--help"], CONSUME_HELP),
+            (&["launch", "--help"], USAGE),
         ] {
             assert_eq!(run(args), Ok(Invocation::Help(text)), "{args:?}");
+        }
+    }
+
+    #[test]
+    fn the_version_is_asked_for_with_version_or_capital_v_anywhere() {
+        for args in [
+            &["--version"][..],
+            &["-V"],
+            &["prune", "--older-than", "1s", "--version"],
+        ] {
+            assert_eq!(run(args), Ok(Invocation::Version), "{args:?}");
         }
     }
 
@@ -699,9 +743,16 @@ mod tests {
     fn every_usage_error_is_the_program_s_own_line() {
         assert_eq!(
             line(&["launch"]),
-            "receiver: unknown command `launch`: run `receiver help` for the commands"
+            "receiver: unknown command `launch`; the commands are init, demo, consume, digest, inspect, retention, prune, reconcile, help (`receiver --help`)"
         );
-        assert_eq!(line(&[]), format!("receiver: no command given\n{USAGE}"));
+        assert_eq!(
+            line(&[]),
+            "receiver: no command given; the commands are init, demo, consume, digest, inspect, retention, prune, reconcile, help (`receiver --help`)"
+        );
+        assert_eq!(
+            line(&["--frob", "init"]),
+            "receiver: unknown flag `--frob` before the command; the commands are init, demo, consume, digest, inspect, retention, prune, reconcile, help (`receiver --help`)"
+        );
         assert_eq!(
             line(&["consume", "--fast"]),
             "receiver consume: unexpected argument `--fast`: configuration comes from the environment (receiver consume --help)"

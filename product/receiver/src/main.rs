@@ -14,7 +14,11 @@ use receiver::inspect::Target;
 pub fn main() -> ExitCode {
     match cli::parse(std::env::args_os().skip(1).collect()) {
         Ok(Invocation::Help(text)) => {
-            println!("{text}");
+            about::print(text);
+            ExitCode::SUCCESS
+        }
+        Ok(Invocation::Version) => {
+            about::print(&about::version_line("receiver"));
             ExitCode::SUCCESS
         }
         Ok(Invocation::Run(command)) => match command {

@@ -12,7 +12,7 @@
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -31,6 +31,8 @@ pub struct Forwarder {
 struct Shared {
     target: Mutex<SocketAddr>,
     stop: AtomicBool,
+    /// Connections accepted so far (the drop's own wake-up not counted).
+    accepted: AtomicU64,
     /// Every socket it holds, both ends of each connection, for the drop to close.
     open: Mutex<Vec<TcpStream>>,
 }
@@ -46,6 +48,7 @@ impl Forwarder {
         let shared = Arc::new(Shared {
             target: Mutex::new(target),
             stop: AtomicBool::new(false),
+            accepted: AtomicU64::new(0),
             open: Mutex::new(Vec::new()),
         });
         let accept = {
@@ -72,6 +75,12 @@ impl Forwarder {
         *self.shared.target.lock().unwrap_or_else(|p| p.into_inner()) = target;
     }
 
+    /// How many connections clients have opened through it so far: a test that must prove a
+    /// program connected nowhere points the program here and reads 0.
+    pub fn connections(&self) -> u64 {
+        self.shared.accepted.load(Ordering::SeqCst)
+    }
+
     /// Where new connections go now.
     pub fn target(&self) -> SocketAddr {
         *self.shared.target.lock().unwrap_or_else(|p| p.into_inner())
@@ -84,6 +93,7 @@ fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>) {
             return;
         }
         let Ok(client) = client else { continue };
+        shared.accepted.fetch_add(1, Ordering::SeqCst);
         let target = *shared.target.lock().unwrap_or_else(|p| p.into_inner());
         // A target that refuses (a killed primary) closes the client at once: what a client
         // of a virtual IP pointing at a dead host sees, sooner.
@@ -186,6 +196,7 @@ mod tests {
         assert_eq!(f.target(), b);
         let (_new, tag) = read_tag(f.address());
         assert_eq!(tag, "b");
+        assert_eq!(f.connections(), 2);
         // The old connection still leads to a: it is open (a write goes through).
         assert!(old.write_all(b"x").is_ok());
         drop(f);

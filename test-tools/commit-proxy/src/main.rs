@@ -40,11 +40,15 @@ fn parse(args: &[String]) -> Result<Args, String> {
                 .ok_or_else(|| format!("{name} needs a value"))
         };
         match flag.as_str() {
-            "--upstream" => upstream = Some(value("--upstream")?),
-            "--listen" => listen = value("--listen")?,
-            "--control" => control = Some(value("--control")?),
+            "--upstream" => upstream = Some(host_port("--upstream", value("--upstream")?)?),
+            "--listen" => listen = host_port("--listen", value("--listen")?)?,
+            "--control" => control = Some(host_port("--control", value("--control")?)?),
             "--rule" => rules.push(RuleSpec::parse_cli(&value("--rule")?).map_err(|e| e.0)?),
-            other => return Err(format!("unknown argument `{other}`")),
+            other => {
+                return Err(format!(
+                    "unknown argument `{other}`; the flags are --upstream, --listen, --control and --rule"
+                ))
+            }
         }
     }
     Ok(Args {
@@ -53,6 +57,33 @@ fn parse(args: &[String]) -> Result<Args, String> {
         control,
         rules,
     })
+}
+
+/// `value` if it has the form `HOST:PORT` (`[v6]:PORT` for an IPv6 address) with a port from
+/// 0 to 65535; the flag's one line otherwise. Nothing is resolved or connected here.
+fn host_port(flag: &str, value: String) -> Result<String, String> {
+    let bad = |why: &str| format!("{flag} {value:?} {why}: give HOST:PORT, e.g. 127.0.0.1:3306");
+    let Some((host, port)) = value.rsplit_once(':') else {
+        return Err(bad("has no port"));
+    };
+    let host_ok = match host.strip_prefix('[') {
+        Some(v6) => v6
+            .strip_suffix(']')
+            .is_some_and(|a| a.parse::<std::net::Ipv6Addr>().is_ok()),
+        None => {
+            !host.is_empty()
+                && host
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'-')
+        }
+    };
+    if !host_ok {
+        return Err(bad("has no valid host"));
+    }
+    if port.parse::<u16>().is_err() {
+        return Err(bad("has no valid port (0 to 65535)"));
+    }
+    Ok(value)
 }
 
 fn main() -> ExitCode {
@@ -64,9 +95,16 @@ fn main() -> ExitCode {
         eprintln!("commit-proxy: an argument is not valid UTF-8");
         return ExitCode::from(2);
     };
-    if argv.iter().any(|a| a == "--help" || a == "-h") {
-        println!("{USAGE}");
-        return ExitCode::SUCCESS;
+    match about::asked(&argv) {
+        about::Asked::Help => {
+            about::print(USAGE);
+            return ExitCode::SUCCESS;
+        }
+        about::Asked::Version => {
+            about::print(&about::version_line("commit-proxy"));
+            return ExitCode::SUCCESS;
+        }
+        about::Asked::Run => {}
     }
     let args = match parse(&argv) {
         Ok(a) => a,
@@ -87,7 +125,12 @@ async fn run(args: Args) -> ExitCode {
         Ok(p) => p,
         Err(e) => {
             eprintln!("commit-proxy: {e}");
-            return ExitCode::FAILURE;
+            // A non-loopback address is a usage error (2); an address that cannot be bound,
+            // a failure to start (1).
+            return match e {
+                commit_proxy::StartError::NotLoopback(_) => ExitCode::from(2),
+                commit_proxy::StartError::Io(..) => ExitCode::FAILURE,
+            };
         }
     };
     for rule in args.rules {
@@ -102,7 +145,10 @@ async fn run(args: Args) -> ExitCode {
             Ok(addr) => out.push_str(&format!("control={addr}\n")),
             Err(e) => {
                 eprintln!("commit-proxy: control interface: {e}");
-                return ExitCode::FAILURE;
+                return match e {
+                    commit_proxy::StartError::NotLoopback(_) => ExitCode::from(2),
+                    commit_proxy::StartError::Io(..) => ExitCode::FAILURE,
+                };
             }
         }
     }

@@ -21,17 +21,16 @@ use orbit_sdk::wire::{
 use orbit_sdk::{Credentials, Token};
 use tokio::sync::Notify;
 
-const USAGE: &str = "usage:
-  orbit-dev serve [--listen 127.0.0.1:8080] [--lease-seconds 30] [--max-attempts 5] [--window 64]
+const SERVE_USAGE: &str = "  orbit-dev serve [--listen 127.0.0.1:8080] [--lease-seconds 30] [--max-attempts 5] [--window 64]
                   [--header-timeout-seconds 10] [--body-timeout-seconds 30] [--max-connections 1024]
                   [--enable-fault-api] [--vary-events SEED] [--acked-retention-seconds N]
-                  [--tls-cert FILE --tls-key FILE]
-  orbit-dev bootstrap --application NAME --namespace NAME --environment NAME --queue ID [--event-access] --output PATH [--force]
+                  [--tls-cert FILE --tls-key FILE]";
+const BOOTSTRAP_USAGE: &str = "  orbit-dev bootstrap --application NAME --namespace NAME --environment NAME --queue ID [--event-access] --output PATH [--force]";
+const ENVIRONMENT: &str = "environment:
+  ORBIT_MYSQL_DSN  the platform's own database, e.g. mysql://orbit:…@127.0.0.1:3306/orbit_test";
 
-environment:
-  ORBIT_MYSQL_DSN  the platform's own database, e.g. mysql://orbit:…@127.0.0.1:3306/orbit_test
-
-serve: prints `listening=HOST:PORT` on stdout once it accepts connections. Leases last
+const SERVE_HELP: &str =
+    "serve: prints `listening=HOST:PORT` on stdout once it accepts connections. Leases last
   --lease-seconds (30 by default, the real timing); a delivery gets --max-attempts leases before
   it is EXPIRED; a subscription holds at most --window outstanding deliveries (EXPIRED included).
   --enable-fault-api adds POST /v1/_faults (test-only faults: drop-next-ack-reply,
@@ -42,12 +41,30 @@ serve: prints `listening=HOST:PORT` on stdout once it accepts connections. Lease
   by default): what is forgotten can no longer be listed or redelivered. With --tls-cert (a PEM
   chain, the server's certificate first) and --tls-key (its PEM private key) it serves HTTPS
   and WSS only, on the same routes and limits; ORBIT_MYSQL_DSN may carry ssl-mode and ssl-ca.
-bootstrap: creates the namespace and queue if missing and a new credential bound to the queue
+  While the database does not answer, it says once a second what it is waiting for.";
+const BOOTSTRAP_HELP: &str =
+    "bootstrap: creates the namespace and queue if missing and a new credential bound to the queue
   with tasks:submit and tasks:cancel (plus events:read, events:consume, events:manage with
   --event-access); writes it to PATH with mode 0600 and prints where, never the token. PATH's
   directory must exist; an existing PATH is refused unless --force. The file is one JSON
   object: {\"token\",\"application\",\"namespace\",\"environment\",\"queue_id\",\"scopes\"}
   (docs/orbit-protocol.md, \"The credentials file\").";
+
+/// The commands, for the help and the unknown-command line.
+const COMMANDS: &[&str] = &["serve", "bootstrap"];
+
+/// The help of `command`, or of the program when none is named.
+fn help_of(command: Option<&str>) -> String {
+    match command {
+        Some("serve") => format!("usage:\n{SERVE_USAGE}\n\n{ENVIRONMENT}\n\n{SERVE_HELP}"),
+        Some("bootstrap") => {
+            format!("usage:\n{BOOTSTRAP_USAGE}\n\n{ENVIRONMENT}\n\n{BOOTSTRAP_HELP}")
+        }
+        _ => format!(
+            "usage:\n{SERVE_USAGE}\n{BOOTSTRAP_USAGE}\n\n{ENVIRONMENT}\n\n{SERVE_HELP}\n{BOOTSTRAP_HELP}"
+        ),
+    }
+}
 
 fn main() -> ExitCode {
     // Arguments and the DSN must be UTF-8; say which one is not, never panic.
@@ -61,13 +78,24 @@ fn main() -> ExitCode {
             }
         }
     }
-    if args.is_empty() || args.iter().any(|a| a == "--help" || a == "-h") {
-        println!("{USAGE}");
-        return if args.is_empty() {
-            ExitCode::from(2)
-        } else {
-            ExitCode::SUCCESS
-        };
+    // Help and the version before anything is read or opened, wherever they stand.
+    match about::asked(&args) {
+        about::Asked::Help => {
+            about::print(&help_of(about::command_named(&args, COMMANDS)));
+            return ExitCode::SUCCESS;
+        }
+        about::Asked::Version => {
+            about::print(&about::version_line("orbit-dev"));
+            return ExitCode::SUCCESS;
+        }
+        about::Asked::Run => {}
+    }
+    if args.is_empty() {
+        eprintln!(
+            "orbit-dev: no command given; the commands are {} (`orbit-dev --help`)",
+            COMMANDS.join(", ")
+        );
+        return ExitCode::from(2);
     }
     #[allow(clippy::disallowed_methods)] // the binary's one environment read
     let dsn = match std::env::var_os("ORBIT_MYSQL_DSN").map(|v| v.into_string()) {
@@ -94,7 +122,7 @@ fn main() -> ExitCode {
                 .ok_or_else(|| usage("ORBIT_MYSQL_DSN is not set: name the platform's database"))?;
             runtime.block_on(bootstrap(o, dsn))
         }),
-        other => Err(usage(&format!("unknown command `{other}`"))),
+        other => Err((2, about::unknown_command("orbit-dev", other, COMMANDS))),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

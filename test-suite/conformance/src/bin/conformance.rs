@@ -30,7 +30,8 @@ otherwise, 2 for a bad command line or an unwritable report.
   --only CASES       some cases, by name (conformance list names them)
   --seed N           replays a run's drawn values and schedules (each run prints its seed)
   --junit FILE       a JUnit XML report; --json FILE a JSON report
-  --expect FILE      cases known to fail, one `case: reason` a line; a change fails the run
+  --expect FILE      cases known to fail, one `case: reason` a line (`#` starts a comment);
+                     a case that fails otherwise than expected, or passes, fails the run
   --strict           SHOULD cases fail the run too
   --keep-logs DIR    where the receiver's output of each failed case is kept (one directory a
                      case; default target/kit/logs); a passed case's is removed";
@@ -42,6 +43,9 @@ rule it breaks) against the case aimed at it, which must fail naming that rule, 
 default), run k with seed N+k (N drawn from the clock unless --seed). A mutant counts as caught
 only if every run caught it. Exit 0 when every mutant is caught, 1 otherwise, 2 for a bad
 command line.";
+
+/// The commands, for the help and the unknown-command line.
+const COMMANDS: &[&str] = &["run", "mutants", "list"];
 
 const LIST_HELP: &str = "usage: conformance list
 
@@ -121,11 +125,17 @@ fn parse_mutants(args: &[String]) -> Result<MutantOptions, String> {
             }
             "--seed" => seed = Some(seed_of(&value("a number")?)?),
             "--only" => only = Some(only_of(&value("MUTANT[,MUTANT…]")?, "mutant", &names)?),
-            other => return Err(format!("unknown argument {other:?}\n{MUTANTS_HELP}")),
+            other => {
+                return Err(format!(
+                    "mutants: unknown argument `{other}` (`conformance mutants --help`)"
+                ))
+            }
         }
     }
     Ok(MutantOptions {
-        bin: bin.ok_or(format!("--receiver-mutant is required\n{MUTANTS_HELP}"))?,
+        bin: bin.ok_or(
+            "mutants: --receiver-mutant is required: the path of the mutant build (`make mutant-build`) (`conformance mutants --help`)",
+        )?,
         runs,
         only,
         seed: seed.unwrap_or_else(clock_seed),
@@ -141,20 +151,31 @@ fn clock_seed() -> u64 {
 
 fn parse(args: &[String]) -> Result<Asked, String> {
     let names: Vec<&str> = cases().iter().map(|c| c.name).collect();
-    let help = |text: &str| {
-        println!("{text}");
-        Ok(Asked::Nothing)
-    };
-    if args.len() == 2 && matches!(args[1].as_str(), "--help" | "-h") {
-        match args[0].as_str() {
-            "run" => return help(RUN_HELP),
-            "mutants" => return help(MUTANTS_HELP),
-            "list" | "--list" => return help(LIST_HELP),
-            _ => {}
+    // Help and the version before anything is read or written, wherever they stand.
+    match about::asked(args) {
+        about::Asked::Help => {
+            let text = match about::command_named(args, COMMANDS) {
+                Some("run") => RUN_HELP,
+                Some("mutants") => MUTANTS_HELP,
+                Some("list") => LIST_HELP,
+                _ => USAGE,
+            };
+            about::print(text);
+            return Ok(Asked::Nothing);
         }
+        about::Asked::Version => {
+            about::print(&about::version_line("conformance"));
+            return Ok(Asked::Nothing);
+        }
+        about::Asked::Run => {}
     }
     match args.first().map(String::as_str) {
         Some("list") | Some("--list") => {
+            if let Some(extra) = args.get(1) {
+                return Err(format!(
+                    "list: unexpected argument `{extra}` (`conformance list --help`)"
+                ));
+            }
             for c in cases() {
                 println!(
                     "{:<24} {:<7} {:<32} {}",
@@ -168,11 +189,13 @@ fn parse(args: &[String]) -> Result<Asked, String> {
         }
         Some("run") => {}
         Some("mutants") => return parse_mutants(&args[1..]).map(Asked::Mutants),
-        Some("--help") | Some("-h") => {
-            println!("{USAGE}");
-            return Ok(Asked::Nothing);
+        Some(other) => return Err(about::unknown_command("conformance", other, COMMANDS)),
+        None => {
+            return Err(format!(
+                "no command given; the commands are {} (`conformance --help`)",
+                COMMANDS.join(", ")
+            ))
         }
-        _ => return Err(USAGE.into()),
     }
     let mut receiver = None;
     let mut only = None;
@@ -205,10 +228,16 @@ fn parse(args: &[String]) -> Result<Asked, String> {
             }
             "--strict" => strict = true,
             "--keep-logs" => keep_logs = value("a directory")?.into(),
-            other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
+            other => {
+                return Err(format!(
+                    "run: unknown argument `{other}` (`conformance run --help`)"
+                ))
+            }
         }
     }
-    let receiver = receiver.ok_or(format!("--receiver is required\n{USAGE}"))?;
+    let receiver = receiver.ok_or(
+        "run: --receiver is required: the command line that starts your receiver, e.g. --receiver 'python3 receiver.py' (`conformance run --help`)",
+    )?;
     let seed = seed.unwrap_or_else(clock_seed);
     Ok(Asked::Run(Options {
         receiver,
@@ -708,16 +737,21 @@ mod tests {
             Err(e) => e,
             Ok(_) => panic!("{a:?} was accepted"),
         };
-        assert!(err(&["run"]).starts_with("--receiver is required"));
+        assert!(err(&["run"]).starts_with("run: --receiver is required: the command line"));
         assert!(err(&["run", "--receiver", ""]).starts_with("--receiver needs a command line"));
         assert!(err(&["run", "--receiver", "x", "--only", "nope"])
             .starts_with("--only: no case \"nope\"; cases: schema,"));
         assert!(err(&["run", "--receiver", "x", "--seed", "-1"])
             .starts_with("--seed \"-1\" is not a whole number"));
-        assert!(
-            err(&["run", "--receiver", "x", "--bogus"]).starts_with("unknown argument \"--bogus\"")
+        assert_eq!(
+            err(&["run", "--receiver", "x", "--bogus"]),
+            "run: unknown argument `--bogus` (`conformance run --help`)"
         );
-        assert!(err(&["mutants"]).starts_with("--receiver-mutant is required"));
+        assert!(err(&["mutants"]).starts_with("mutants: --receiver-mutant is required"));
+        assert_eq!(
+            err(&["frob"]),
+            "unknown command `frob`; the commands are run, mutants, list (`conformance --help`)"
+        );
         assert!(err(&["mutants", "--receiver-mutant", "m", "--runs", "0"])
             .starts_with("--runs \"0\" is not a number from 1 to 1000"));
         assert!(
@@ -728,7 +762,10 @@ mod tests {
             err(&["run", "--receiver", "x", "--expect", "/no/such/file"])
                 .starts_with("--expect /no/such/file: ")
         );
-        assert!(err(&[]).starts_with("usage:"));
+        assert!(err(&[]).starts_with("no command given; the commands are run, mutants, list"));
+        for e in [err(&[]), err(&["frob"]), err(&["run"]), err(&["mutants"])] {
+            assert_eq!(e.lines().count(), 1, "one line: {e}");
+        }
         match parse(&args(&[
             "run",
             "--receiver",

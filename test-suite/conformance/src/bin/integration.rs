@@ -46,7 +46,20 @@ struct Outcome {
     servers: Vec<String>,
 }
 
-const USAGE: &str = "usage: integration [--jobs N] [--only SUITE[,SUITE…]] [--containers] [-- ARGS FOR EVERY TEST PROCESS…]";
+const USAGE: &str = "usage: integration [--jobs N] [--only SUITE[,SUITE…]] [--containers] [-- ARGS FOR EVERY TEST PROCESS…]
+
+Runs every real-server suite (a module of test-suite/conformance/tests/it), each in its own
+process with its own temporary MySQL server, N at a time (3 by default); prints a summary table
+and fails if a process, server or temporary file of the run is left behind. `make integration`
+runs it.
+
+  --jobs N         suites at a time (1 or more)
+  --only SUITES    some suites, by name (a comma-separated list)
+  --containers     the container backend: servers in containers of an engine of its own
+  -- ARGS          passed to every test process (e.g. -- --nocapture)
+
+Exit 0 when every suite passed and nothing was left behind, 1 otherwise, 2 for a bad command
+line.";
 
 /// On the container run: suites that need a local server, and why; they are not run there.
 const LOCAL_ONLY: &[(&str, &str)] = &[
@@ -177,7 +190,11 @@ fn parse_args() -> Result<Options, String> {
             "--" => {
                 o.extra = args.by_ref().collect();
             }
-            other => return Err(format!("unknown argument {other:?}; {USAGE}")),
+            other => {
+                return Err(format!(
+                    "unknown argument `{other}`; the flags are --jobs, --only, --containers and -- (`integration --help`)"
+                ))
+            }
         }
     }
     Ok(o)
@@ -409,12 +426,19 @@ fn leftover_processes(run_id: &str) -> Vec<(u32, String)> {
 }
 
 fn main() -> ExitCode {
-    if std::env::args()
-        .nth(1)
-        .is_some_and(|a| a == "--help" || a == "-h")
-    {
-        println!("{USAGE}");
-        return ExitCode::SUCCESS;
+    // Help and the version before anything is built, started or written, wherever they stand
+    // (before a `--`: what follows it is the test processes').
+    let args: Vec<_> = std::env::args_os().skip(1).collect();
+    match about::asked(&args) {
+        about::Asked::Help => {
+            about::print(USAGE);
+            return ExitCode::SUCCESS;
+        }
+        about::Asked::Version => {
+            about::print(&about::version_line("integration"));
+            return ExitCode::SUCCESS;
+        }
+        about::Asked::Run => {}
     }
     let started = Instant::now();
     let result = parse_args()

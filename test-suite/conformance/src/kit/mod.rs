@@ -20,9 +20,9 @@
 use std::future::Future;
 use std::pin::Pin;
 
-/// The version of the contract the kit checks (docs/receiver-contract.md): a change to a MUST
-/// rule, or to what a MUST case relies on, is a new major version.
-pub const CONTRACT_VERSION: &str = "1.0";
+/// The version of the contract the kit checks (docs/receiver-contract.md), one for the
+/// receiver and the kit.
+pub use about::CONTRACT_VERSION;
 
 /// The consumer name the kit gives the receiver.
 pub const RECEIVER_NAME: &str = "kit-receiver";

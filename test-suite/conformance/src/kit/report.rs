@@ -23,7 +23,7 @@ pub struct Expected {
     pub reason: String,
 }
 
-/// Reads an expectations file: one case per line, `CASE  REASON` (the reason is required),
+/// Reads an expectations file: one case per line, `CASE: REASON` (or `CASE REASON`; the reason is required),
 /// `#` comments and blank lines ignored. Every case must be one of `names`, once.
 pub fn parse_expectations(text: &str, names: &[&str]) -> Result<Vec<Expected>, String> {
     let mut out: Vec<Expected> = Vec::new();
@@ -32,9 +32,10 @@ pub fn parse_expectations(text: &str, names: &[&str]) -> Result<Vec<Expected>, S
         if line.is_empty() || line.starts_with('#') {
             continue;
         }
+        // `case: reason`, as the help shows it; `case reason` is read the same.
         let (case, reason) = line
-            .split_once(char::is_whitespace)
-            .map(|(c, r)| (c, r.trim()))
+            .split_once(|c: char| c == ':' || c.is_whitespace())
+            .map(|(c, r)| (c, r.trim_start_matches(':').trim()))
             .unwrap_or((line, ""));
         let at = n + 1;
         if !names.contains(&case) {
@@ -175,7 +176,7 @@ mod tests {
     fn an_expectations_file_names_known_cases_each_with_a_reason() {
         let names = ["schema", "utc", "sigterm"];
         let ok = parse_expectations(
-            "# known\n\nutc   our server keeps local time  \nsigterm\tpauses on stop\n",
+            "# known\n\nutc:   our server keeps local time  \nsigterm\tpauses on stop\n",
             &names,
         )
         .unwrap();
@@ -198,7 +199,11 @@ mod tests {
             err("# c\nutc"),
             "line 2: utc needs a reason after the case name"
         );
-        assert_eq!(err("utc a\nutc b"), "line 2: utc is listed twice");
+        assert_eq!(err("utc a\nutc: b"), "line 2: utc is listed twice");
+        assert_eq!(
+            err("utc:"),
+            "line 1: utc needs a reason after the case name"
+        );
     }
 
     #[test]

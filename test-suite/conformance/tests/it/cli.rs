@@ -103,7 +103,7 @@ fn missing_configuration_and_commands_are_one_clear_line() {
     assert_eq!(out.status.code(), Some(2));
     assert_eq!(
         text(&out.stderr),
-        "receiver: unknown command `launch`: run `receiver help` for the commands\n"
+        "receiver: unknown command `launch`; the commands are init, demo, consume, digest, inspect, retention, prune, reconcile, help (`receiver --help`)\n"
     );
 }
 

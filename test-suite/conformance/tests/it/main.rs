@@ -20,4 +20,5 @@ mod prune;
 mod recovery;
 mod schema;
 mod storage;
+mod surface;
 mod tls;
