@@ -426,8 +426,23 @@ fn the_binary_explains_bad_flags_in_one_line() {
         .args(["--upstream", "127.0.0.1:3306", "--listen", "0.0.0.0:0"])
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(1));
+    // A non-loopback address is a usage error, as docs/input-surfaces.md says.
+    assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("loopback addresses only"));
+    for upstream in ["banana", "127.0.0.1", ":3306", "127.0.0.1:99999", "a b:1"] {
+        let out = Command::new(workspace_bin("commit-proxy"))
+            .args(["--upstream", upstream])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "--upstream {upstream}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(
+            err.starts_with(&format!("commit-proxy: --upstream {upstream:?} has no")),
+            "{err}"
+        );
+        assert!(err.contains("give HOST:PORT"), "{err}");
+    }
 }
 
 fn sigterm(pid: u32) {
