@@ -3,11 +3,13 @@
 //! one URL component. The receiver's DSN (`result-inbox`), the SDK's platform address and
 //! testdb's server address all read their authority here.
 //!
-//! [`tls::TlsProblem`] says why a TLS handshake failed, in the same words for both.
+//! [`tls::TlsProblem`] says why a TLS handshake failed, and [`reach::Unreachable`] why a
+//! connection could not be made, in the same words for both.
 //!
 //! What this crate must never do: connect anywhere, resolve a name, or keep a password it was
 //! given (an [`Authority`] borrows the caller's text, which the caller keeps secret).
 
+pub mod reach;
 pub mod tls;
 
 /// Why an authority cannot be read.

@@ -14,6 +14,8 @@ pub struct Dsn {
     host: String,
     database: String,
     query: String,
+    /// Where the DSN came from, for error lines to name ("the DSN" unless [`Dsn::named`]).
+    origin: &'static str,
 }
 
 /// Why a DSN was refused.
@@ -88,12 +90,18 @@ impl Dsn {
             .to_owned();
         check_parameters(&query)?;
         let host_name = parsed.host().trim_start_matches('[').trim_end_matches(']');
+        // The driver's default port, so that an error line names where it really went.
+        let host = match parsed.port() {
+            Some(_) => host.to_owned(),
+            None => format!("{host}:3306"),
+        };
         let dsn = Dsn {
             url: Secret::new(url),
             user,
-            host: host.to_owned(),
+            host,
             database: path.to_owned(),
             query,
+            origin: "the DSN",
         };
         if !parsed.is_loopback() && !dsn.requires_tls() {
             return Err(DsnError::NoTls(host_name.to_owned()));
@@ -174,6 +182,27 @@ impl Dsn {
             let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
             (k == name || k == short).then_some(v)
         })
+    }
+
+    /// This DSN, read from the variable `name`: what an error line tells the user to check.
+    pub fn named(mut self, name: &'static str) -> Dsn {
+        self.origin = name;
+        self
+    }
+
+    /// Where the DSN came from: the variable's name, or "the DSN".
+    pub fn origin(&self) -> &'static str {
+        self.origin
+    }
+
+    /// `host:port` (the port the driver uses when the URL gives none).
+    pub fn address(&self) -> &str {
+        &self.host
+    }
+
+    /// The account's user name (not a secret; its password is).
+    pub fn user(&self) -> &str {
+        &self.user
     }
 
     /// The database the DSN names.

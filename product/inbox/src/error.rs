@@ -6,6 +6,7 @@
 use std::fmt;
 use std::time::Duration;
 
+use endpoint::reach::Unreachable;
 use endpoint::tls::TlsProblem;
 use sqlx::mysql::MySqlDatabaseError;
 
@@ -75,6 +76,19 @@ pub struct StorageError {
     sqlstate: Option<String>,
     /// What else the refusal may mean, given the DSN ([`StorageError::for_dsn`]).
     hint: Option<&'static str>,
+    /// What stopped the connection, when it never reached the server or broke.
+    cause: Option<Unreachable>,
+    /// Where it was going, once [`StorageError::for_dsn`] knows: error lines at a connect name
+    /// the server and the setting to check.
+    place: Option<Box<Place>>,
+}
+
+/// The server and account a failed connection was for, and the setting that named them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Place {
+    address: String,
+    account: String,
+    origin: &'static str,
 }
 
 /// The kinds of storage failure a caller acts on differently.
@@ -129,7 +143,16 @@ impl StorageError {
             number: None,
             sqlstate: None,
             hint: None,
+            cause: None,
+            place: None,
         }
+    }
+
+    /// A connection that was not made within its time.
+    pub(crate) fn timed_out() -> Self {
+        let mut e = Self::of_kind(StorageKind::Unavailable);
+        e.cause = Some(Unreachable::TimedOut);
+        e
     }
 
     pub(crate) fn not_answering() -> Self {
@@ -143,6 +166,8 @@ impl StorageError {
             number: None,
             sqlstate: None,
             hint: None,
+            cause: None,
+            place: None,
         }
     }
 
@@ -164,6 +189,11 @@ impl StorageError {
     /// only where the DSN makes it likely: TLS turned off, or TLS asked for without a client
     /// certificate; a plain wrong password on a loopback DSN reads as before.
     pub(crate) fn for_dsn(mut self, dsn: &crate::Dsn) -> Self {
+        self.place = Some(Box::new(Place {
+            address: dsn.address().to_owned(),
+            account: dsn.user().to_owned(),
+            origin: dsn.origin(),
+        }));
         if self.kind == StorageKind::AccessDenied {
             self.hint = if dsn.tls_disabled() {
                 Some("or, as the DSN sets ssl-mode=DISABLED, the server requires TLS: use ssl-mode=VERIFY_IDENTITY and ssl-ca")
@@ -180,6 +210,10 @@ impl StorageError {
     pub fn from_sqlx(e: &sqlx::Error) -> Self {
         let mut number = None;
         let mut sqlstate = None;
+        let cause = match e {
+            sqlx::Error::Io(io) => Unreachable::find(io),
+            _ => None,
+        };
         let kind = match e {
             sqlx::Error::Database(db) => {
                 sqlstate = db.code().map(|c| c.into_owned());
@@ -236,6 +270,8 @@ impl StorageError {
             number,
             sqlstate,
             hint: None,
+            cause,
+            place: None,
         }
     }
 
@@ -283,11 +319,37 @@ impl StorageError {
 
 impl fmt::Display for StorageError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let place = self.place.as_deref();
+        // At a connect, the line starts with where it went: `127.0.0.1:3306: connection
+        // refused: …; check ORBIT_RECEIVER_DSN`.
+        if let Some(p) = place {
+            match self.kind {
+                StorageKind::AccessDenied => write!(
+                    f,
+                    "access denied for account `{}` at {}",
+                    p.account, p.address
+                )?,
+                _ => write!(f, "{}: ", p.address)?,
+            }
+        }
         let what = match self.kind {
-            StorageKind::Deadlock => "deadlock, retryable",
-            StorageKind::LockWaitTimeout => "lock wait timeout, retryable",
-            StorageKind::Unavailable => "database unavailable, retryable",
-            StorageKind::NotAnswering => "database not answering, retryable",
+            StorageKind::Deadlock => "deadlock: the transaction was rolled back",
+            StorageKind::LockWaitTimeout => {
+                "lock wait timeout: another transaction held a row too long"
+            }
+            StorageKind::Unavailable => match (self.cause, place) {
+                (Some(cause), Some(_)) => cause.describe(),
+                (Some(cause), None) => {
+                    write!(f, "database unavailable: ")?;
+                    cause.describe()
+                }
+                (None, Some(_)) => "the database is unavailable",
+                (None, None) => "database unavailable",
+            },
+            StorageKind::NotAnswering if place.is_some() => {
+                "the server accepted the connection but did not answer in time"
+            }
+            StorageKind::NotAnswering => "database not answering",
             StorageKind::ReadOnly => {
                 "database read-only (a demoted primary, or a replica): it refuses writes"
             }
@@ -296,6 +358,9 @@ impl fmt::Display for StorageError {
             }
             StorageKind::SchemaMissing => {
                 "receiver tables missing: run `receiver init` against this database"
+            }
+            StorageKind::AccessDenied if place.is_some() => {
+                ": the server refused its password, or the account may not connect from this host"
             }
             StorageKind::AccessDenied => {
                 "access denied: the server refused the DSN's user name or password"
@@ -333,8 +398,11 @@ impl fmt::Display for StorageError {
             (Some(n), None) => write!(f, " (mysql {n})")?,
             _ => {}
         }
-        match self.hint {
-            Some(hint) => write!(f, "; {hint}"),
+        if let Some(hint) = self.hint {
+            write!(f, "; {hint}")?;
+        }
+        match place {
+            Some(p) => write!(f, "; check {}", p.origin),
             None => Ok(()),
         }
     }

@@ -27,7 +27,7 @@ use sqlx::{Connection, Executor, MySqlConnection, Row};
 use crate::dsn::Dsn;
 use crate::error::StorageKind;
 use crate::identity::{ConsumerName, QueueId};
-use crate::store::{connect_options, StorageError, INDEX_EXISTS};
+use crate::store::{connect_one, StorageError, INDEX_EXISTS};
 
 /// The index a prune reads rows through, oldest first (`schema/schema.sql`).
 pub const RECEIVED_AT_INDEX: &str = "receiver_inbox_received_at";
@@ -176,16 +176,15 @@ impl Pruner {
         window_seconds: u64,
     ) -> Result<Pruner, PruneError> {
         let connect = |e: sqlx::Error| PruneError::Storage {
-            step: "connecting",
+            step: "cannot connect to the receiver database",
             error: StorageError::from_sqlx(&e).for_dsn(dsn),
         };
-        let options = connect_options(dsn).map_err(|error| PruneError::Storage {
-            step: "connecting",
-            error,
-        })?;
-        let mut conn = MySqlConnection::connect_with(&options)
+        let mut conn = connect_one(dsn)
             .await
-            .map_err(connect)?;
+            .map_err(|error| PruneError::Storage {
+                step: "cannot connect to the receiver database",
+                error,
+            })?;
         for set in [
             "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED".to_owned(),
             format!("SET SESSION innodb_lock_wait_timeout = {LOCK_WAIT_SECONDS}"),

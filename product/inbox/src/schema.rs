@@ -6,10 +6,10 @@
 
 use std::fmt;
 
-use sqlx::{Connection, Executor, MySqlConnection, Row};
+use sqlx::{Connection, Executor, Row};
 
 use crate::dsn::Dsn;
-use crate::store::{connect_options, StorageError};
+use crate::store::{connect_one, StorageError};
 
 /// The initial DDL, version 1: `schema/schema.sql`.
 pub const SCHEMA_SQL: &str = include_str!("../../../schema/schema.sql");
@@ -48,8 +48,12 @@ impl fmt::Display for InitReport {
 pub enum InitError {
     #[error("the receiver schema already exists in database `{database}` ({tables}): init only creates tables in an empty receiver database and changed nothing")]
     AlreadyInitialized { database: String, tables: String },
-    #[error("database `{0}` does not exist or this account cannot use it: a DBA creates it and grants CREATE on it first (schema/grants.sql)")]
-    UnknownDatabase(String),
+    #[error("database `{database}` at {address} does not exist or this account cannot use it: a DBA creates it and grants CREATE on it first (schema/grants.sql); check {origin}")]
+    UnknownDatabase {
+        database: String,
+        address: String,
+        origin: &'static str,
+    },
     #[error("cannot connect to the receiver database: {0}")]
     Connect(StorageError),
     #[error("creating `{table}` failed: {error}; {note}")]
@@ -130,13 +134,15 @@ pub async fn init(dsn: &Dsn) -> Result<InitReport, InitError> {
 
 /// [`init`] with the DDL given (a test build's mutant changes it).
 pub(crate) async fn init_from(dsn: &Dsn, schema_sql: &str) -> Result<InitReport, InitError> {
-    let options = connect_options(dsn).map_err(InitError::Connect)?;
-    let mut conn = MySqlConnection::connect_with(&options).await.map_err(|e| {
-        let error = StorageError::from_sqlx(&e);
+    let mut conn = connect_one(dsn).await.map_err(|error| {
         match error.number() {
             // Unknown database; access denied to the database.
-            Some(1049 | 1044) => InitError::UnknownDatabase(dsn.database().to_owned()),
-            _ => InitError::Connect(error.for_dsn(dsn)),
+            Some(1049 | 1044) => InitError::UnknownDatabase {
+                database: dsn.database().to_owned(),
+                address: dsn.address().to_owned(),
+                origin: dsn.origin(),
+            },
+            _ => InitError::Connect(error),
         }
     })?;
 

@@ -515,6 +515,19 @@ pub fn connect_options(dsn: &Dsn) -> Result<MySqlConnectOptions, StorageError> {
     Ok(options.timezone(Some(SESSION_TIME_ZONE.to_owned())))
 }
 
+/// Opens one connection on `dsn` with [`connect_options`], within [`CONNECT_TIMEOUT`]. A failure
+/// names the server, the account where it matters and the setting to check
+/// ([`StorageError::for_dsn`]): what every command that needs one connection reports.
+pub async fn connect_one(dsn: &Dsn) -> Result<MySqlConnection, StorageError> {
+    let options = connect_options(dsn)?;
+    use sqlx::Connection;
+    match tokio::time::timeout(CONNECT_TIMEOUT, MySqlConnection::connect_with(&options)).await {
+        Ok(Ok(conn)) => Ok(conn),
+        Ok(Err(e)) => Err(StorageError::from_sqlx(&e).for_dsn(dsn)),
+        Err(_) => Err(StorageError::timed_out().for_dsn(dsn)),
+    }
+}
+
 impl Store {
     /// Opens one connection on `dsn` for `consumer` and `queue`, and checks that the schema is
     /// there; further connections open on demand, up to `options.max_connections`.
@@ -552,7 +565,7 @@ impl Store {
         };
         match tokio::time::timeout(CONNECT_TIMEOUT, first).await {
             Ok(result) => result.map(|()| store).map_err(|e| e.for_dsn(dsn)),
-            Err(_) => Err(StorageError::not_answering()),
+            Err(_) => Err(StorageError::not_answering().for_dsn(dsn)),
         }
     }
 

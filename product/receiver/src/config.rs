@@ -165,7 +165,7 @@ pub fn receiver_dsn(source: &dyn Source, errors: &mut Vec<ConfigError>) -> Optio
             None
         }
         Some(v) => match Dsn::parse(v.trim()) {
-            Ok(dsn) => Some(dsn),
+            Ok(dsn) => Some(dsn.named(ORBIT_RECEIVER_DSN)),
             Err(e) => {
                 errors.push(ConfigError {
                     variable: ORBIT_RECEIVER_DSN,

@@ -49,7 +49,7 @@ pub enum ConsumeError {
     Store(#[source] result_inbox::StorageError),
     #[error("RECEIVER_REQUIRE_REPLICA_ACK=1 cannot be honoured by the receiver database: {0}: refusing to start")]
     ReplicaAck(String),
-    #[error("cannot use the platform: {0}")]
+    #[error("{0}")]
     Platform(#[source] orbit_sdk::SdkError),
     #[error("cannot listen for SIGTERM/SIGINT: {0}")]
     Signals(#[source] std::io::Error),

@@ -8,10 +8,10 @@
 use std::fmt::Write as _;
 
 use serde_json::json;
-use sqlx::{Connection, MySqlConnection, Row};
+use sqlx::{Connection, Row};
 
 use result_inbox::canonical::{Digest, Document};
-use result_inbox::store::connect_options;
+use result_inbox::store::connect_one;
 use result_inbox::Dsn;
 use result_inbox::StorageError;
 use result_inbox::{ConsumerName, EventId, QueueId, TaskEvent, TaskId};
@@ -48,13 +48,16 @@ pub fn read_event_file(path: &std::path::Path) -> Result<Vec<u8>, String> {
 }
 
 /// What `receiver digest` prints: the canonical bytes and their SHA-256, or the rejection kind.
-pub fn digest(raw: &[u8], queue: Option<&QueueId>) -> Result<(Vec<u8>, Digest), &'static str> {
+pub fn digest(
+    raw: &[u8],
+    queue: Option<&QueueId>,
+) -> Result<(Vec<u8>, Digest), (&'static str, String)> {
     match queue {
         Some(q) => TaskEvent::parse(raw, q)
             .map(|e| (e.canonical().to_vec(), e.digest()))
-            .map_err(|r| r.kind()),
+            .map_err(|r| (r.kind(), r.to_string())),
         None => {
-            let doc = Document::parse(raw).map_err(|e| e.kind().as_str())?;
+            let doc = Document::parse(raw).map_err(|e| (e.kind().as_str(), e.to_string()))?;
             let bytes = doc.into_canonical();
             let d = Digest::of(&bytes);
             Ok((bytes, d))
@@ -141,9 +144,7 @@ pub async fn read(
     show_event: bool,
 ) -> Result<(Vec<InboxRow>, Option<ViewRow>), StorageError> {
     let fail = |e: sqlx::Error| StorageError::from_sqlx(&e);
-    let mut conn = MySqlConnection::connect_with(&connect_options(dsn)?)
-        .await
-        .map_err(fail)?;
+    let mut conn = connect_one(dsn).await?;
     let select = format!(
         "SELECT event_id, event_digest, applied, CAST(DATE_FORMAT(received_at, '{TS}') AS BINARY), event_canonical \
          FROM receiver_inbox WHERE consumer_name = ? AND queue_id = ? AND "
@@ -391,9 +392,7 @@ pub struct RetentionRow {
 /// Inbox rows per consumer name and queue, with their age span and size, and the views.
 pub async fn retention(dsn: &Dsn) -> Result<Vec<RetentionRow>, StorageError> {
     let fail = |e: sqlx::Error| StorageError::from_sqlx(&e);
-    let mut conn = MySqlConnection::connect_with(&connect_options(dsn)?)
-        .await
-        .map_err(fail)?;
+    let mut conn = connect_one(dsn).await?;
     let rows = sqlx::query(&format!(
         "SELECT i.consumer_name, i.queue_id, COUNT(*), \
          CAST(DATE_FORMAT(MIN(i.received_at), '{TS}') AS BINARY), CAST(DATE_FORMAT(MAX(i.received_at), '{TS}') AS BINARY), \

@@ -245,8 +245,10 @@ fn digest(queue: Option<result_inbox::QueueId>, file: Option<String>) -> ExitCod
             println!("sha256={d}");
             ExitCode::SUCCESS
         }
-        Err(kind) => {
+        Err((kind, why)) => {
+            // The kind on stdout, for scripts; what was wrong, and where, on stderr.
             println!("rejected={kind}");
+            eprintln!("receiver digest: {why}");
             ExitCode::from(REJECTED)
         }
     }
@@ -266,8 +268,8 @@ fn inspect(target: Target, show_event: bool, json: bool, compare: Option<String>
         Some(path) => match receiver::inspect::read_event_file(std::path::Path::new(&path)) {
             Ok(raw) => match receiver::inspect::digest(&raw, Some(&config.queue)) {
                 Ok((_, d)) => Some(d),
-                Err(kind) => {
-                    eprintln!("receiver inspect: the event in {path} is rejected: {kind}");
+                Err((_, why)) => {
+                    eprintln!("receiver inspect: the event in {path} is rejected: {why}");
                     return ExitCode::from(REJECTED);
                 }
             },
@@ -292,7 +294,7 @@ fn inspect(target: Target, show_event: bool, json: bool, compare: Option<String>
             ExitCode::SUCCESS
         }
         Err(e) => {
-            eprintln!("receiver inspect: storage_error: {e}");
+            eprintln!("receiver inspect: cannot read the receiver database: {e}");
             ExitCode::FAILURE
         }
     }
@@ -319,7 +321,7 @@ fn retention() -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(e) => {
-            eprintln!("receiver retention: storage_error: {e}");
+            eprintln!("receiver retention: cannot read the receiver database: {e}");
             ExitCode::FAILURE
         }
     }

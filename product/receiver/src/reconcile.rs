@@ -30,7 +30,7 @@ pub const MISSING: u8 = 3;
 /// Why a run could not start, or stopped.
 #[derive(Debug, thiserror::Error)]
 pub enum ReconcileError {
-    #[error("the platform: {0}")]
+    #[error("{0}")]
     Platform(#[source] SdkError),
     #[error("the credential lacks {0}: {1}")]
     Scope(&'static str, &'static str),
@@ -165,11 +165,9 @@ pub async fn run(
             configured: platform.queue.to_string(),
         });
     }
-    let options = result_inbox::store::connect_options(&config.run.dsn)
-        .map_err(|e| ReconcileError::Database(e.to_string()))?;
-    let mut db = MySqlConnection::connect_with(&options)
+    let mut db = result_inbox::store::connect_one(&config.run.dsn)
         .await
-        .map_err(|e| ReconcileError::Database(redacted(&e)))?;
+        .map_err(|e| ReconcileError::Database(e.to_string()))?;
     let (consumer, queue) = (config.run.name.as_str(), platform.queue.as_str());
     // The oldest row left: a delivery ACKED before it whose row is gone was pruned.
     let oldest: Option<String> = sqlx::query_scalar(
@@ -205,7 +203,7 @@ pub async fn run(
         {
             Ok(p) => p,
             Err(e) => {
-                summary.failed = Some(format!("the platform: {e}"));
+                summary.failed = Some(e.to_string());
                 break;
             }
         };
@@ -270,7 +268,7 @@ pub async fn run(
                         "missing, no longer ACKED (already on its way again)".to_owned()
                     }
                     Err(e) => {
-                        summary.failed = Some(format!("the platform: {e}"));
+                        summary.failed = Some(e.to_string());
                         break;
                     }
                 },

@@ -22,7 +22,7 @@ use crate::wire::{
 #[non_exhaustive]
 pub enum SdkError {
     /// The platform answered with an error.
-    #[error("orbit {status} {code}: {message}")]
+    #[error("the platform answered {status} {code}: {message}")]
     Api {
         status: u16,
         code: String,
@@ -32,7 +32,7 @@ pub enum SdkError {
     #[error("invalid ORBIT_URL: {0}")]
     Url(String),
     /// The platform could not be reached, or the connection broke.
-    #[error("cannot reach the platform: {0}")]
+    #[error("cannot reach the platform at {0}; check ORBIT_URL")]
     Transport(#[source] TransportError),
     /// The platform answered something that is not the contract.
     #[error("unexpected reply from the platform: {0}")]
@@ -60,38 +60,48 @@ fn tls_advice(problem: TlsProblem) -> &'static str {
     }
 }
 
-/// A failure below the protocol (DNS, TCP, TLS, HTTP framing, a timeout), with the URL
-/// removed. `Display` gives the whole chain of causes on one line ("error sending request:
-/// connection refused"); `source()` gives the underlying error.
+/// A failure below the protocol (DNS, TCP, HTTP framing, a timeout) on the way to the
+/// platform at `host:port`. `Display` says it in plain words ("127.0.0.1:8080: connection
+/// refused: nothing listens on that port"), never as the clients' chain of messages;
+/// `source()` gives the underlying error.
 #[derive(Debug)]
-pub struct TransportError(reqwest::Error);
+pub struct TransportError {
+    at: String,
+    error: reqwest::Error,
+}
 
 impl TransportError {
-    fn new(e: reqwest::Error) -> TransportError {
-        TransportError(e.without_url())
+    fn new(at: &str, e: reqwest::Error) -> TransportError {
+        TransportError {
+            at: at.to_owned(),
+            error: e.without_url(),
+        }
     }
 
     /// Whether it was a timeout (the platform did not answer in time).
     pub fn is_timeout(&self) -> bool {
-        self.0.is_timeout()
+        self.error.is_timeout()
     }
 }
 
 impl std::fmt::Display for TransportError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}", self.0)?;
-        let mut cause = std::error::Error::source(&self.0);
-        while let Some(c) = cause {
-            write!(f, ": {c}")?;
-            cause = c.source();
-        }
-        Ok(())
+        let what = match endpoint::reach::Unreachable::find(&self.error) {
+            Some(cause) => cause.describe(),
+            None if self.error.is_timeout() => "timed out: the platform did not answer in time",
+            None if self.error.is_connect() => "the connection could not be made",
+            None if self.error.is_body() || self.error.is_decode() => {
+                "the platform's reply broke off"
+            }
+            None => "the request could not be sent",
+        };
+        write!(f, "{}: {what}", self.at)
     }
 }
 
 impl std::error::Error for TransportError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        Some(&self.0)
+        Some(&self.error)
     }
 }
 
@@ -119,6 +129,8 @@ pub struct BaseUrl {
     secure: bool,
     /// `host[:port]` and any path prefix, without a trailing slash.
     rest: String,
+    /// `host:port`, the scheme's port when the URL gives none: what error lines name.
+    address: String,
 }
 
 impl BaseUrl {
@@ -158,10 +170,20 @@ impl BaseUrl {
             }
             other => return Err(SdkError::Url(format!("unsupported scheme {other}"))),
         };
+        let address = match parsed.port() {
+            Some(_) => authority.to_owned(),
+            None => format!("{authority}:{}", if secure { 443 } else { 80 }),
+        };
         Ok(BaseUrl {
             secure,
             rest: rest.to_owned(),
+            address,
         })
+    }
+
+    /// `host:port` of the platform.
+    pub fn address(&self) -> &str {
+        &self.address
     }
 
     fn http(&self, path: &str) -> String {
@@ -237,7 +259,7 @@ impl Client {
         }
         let http = builder
             .build()
-            .map_err(|e| SdkError::Transport(TransportError::new(e)))?;
+            .map_err(|e| SdkError::Transport(TransportError::new(base.address(), e)))?;
         Ok(Client {
             http,
             base,
@@ -258,7 +280,7 @@ impl Client {
                 url: self.base.http(""),
                 problem,
             },
-            None => SdkError::Transport(TransportError::new(e)),
+            None => SdkError::Transport(TransportError::new(self.base.address(), e)),
         }
     }
 

@@ -102,11 +102,54 @@ pub fn sha256(s: &str) -> Vec<u8> {
     Sha256::digest(s.as_bytes()).to_vec()
 }
 
-/// Opens the pool and creates the tables if missing.
+/// How long `open` waits for the platform database to accept a connection (it may be starting
+/// beside orbit-dev).
+const OPEN_PATIENCE: Duration = Duration::from_secs(10);
+
+/// Opens the pool and creates the tables if missing. While the database cannot be reached it
+/// waits up to [`OPEN_PATIENCE`], saying once a second what it waits for; a refusal that
+/// waiting cannot cure (access denied, an unknown database) ends it at once.
 pub async fn open(dsn: &str) -> Result<MySqlPool, String> {
+    use sqlx::Connection;
     let options = MySqlConnectOptions::from_str(dsn)
         .map_err(|_| "ORBIT_MYSQL_DSN is not a valid mysql:// URL".to_owned())?
         .timezone(Some("+00:00".to_owned()));
+    let at = address_of(dsn);
+    let started = tokio::time::Instant::now();
+    let mut said: Option<tokio::time::Instant> = None;
+    loop {
+        let attempt = tokio::time::timeout(
+            Duration::from_secs(2),
+            sqlx::MySqlConnection::connect_with(&options),
+        )
+        .await;
+        let (why, waiting_helps) = match attempt {
+            Ok(Ok(conn)) => {
+                let _ = conn.close().await;
+                break;
+            }
+            Ok(Err(e)) => plain_failure(&e, &options),
+            Err(_) => (
+                endpoint::reach::Unreachable::TimedOut.describe().to_owned(),
+                true,
+            ),
+        };
+        let waited = started.elapsed();
+        if !waiting_helps || waited >= OPEN_PATIENCE {
+            return Err(format!(
+                "cannot connect to the platform database at {at}: {why}; check ORBIT_MYSQL_DSN"
+            ));
+        }
+        if said.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
+            eprintln!(
+                "orbit-dev: waiting for the platform database at {at} ({why}); {} s of {} s",
+                waited.as_secs(),
+                OPEN_PATIENCE.as_secs()
+            );
+            said = Some(tokio::time::Instant::now());
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
     let pool = MySqlPoolOptions::new()
         .max_connections(16)
         .acquire_timeout(Duration::from_secs(10))
@@ -119,13 +162,67 @@ pub async fn open(dsn: &str) -> Result<MySqlPool, String> {
         })
         .connect_with(options)
         .await
-        .map_err(|e| format!("cannot connect to the platform database: {e}"))?;
+        .map_err(|e| {
+            let (why, _) = plain_failure(&e, &MySqlConnectOptions::new());
+            format!("cannot connect to the platform database at {at}: {why}; check ORBIT_MYSQL_DSN")
+        })?;
     for stmt in SCHEMA {
         pool.execute(*stmt)
             .await
             .map_err(|e| format!("creating the platform tables failed: {e}"))?;
     }
     Ok(pool)
+}
+
+/// `host:port` of a DSN, for error lines (never its user or password).
+fn address_of(dsn: &str) -> String {
+    let rest = dsn.split_once("://").map_or(dsn, |(_, r)| r);
+    let (authority, _) = endpoint::split_authority(rest);
+    match endpoint::Authority::parse(authority) {
+        Ok(a) if a.port().is_some() => a.host_and_port().to_owned(),
+        Ok(a) => format!("{}:3306", a.host_and_port()),
+        Err(_) => "the address in ORBIT_MYSQL_DSN".to_owned(),
+    }
+}
+
+/// A failed connection in plain words, and whether waiting may cure it.
+fn plain_failure(e: &sqlx::Error, options: &MySqlConnectOptions) -> (String, bool) {
+    if let sqlx::Error::Database(d) = e {
+        let number = d
+            .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
+            .map(|m| m.number());
+        return match number {
+            Some(1045) => (
+                format!(
+                    "access denied for account `{}`: the server refused its password, or the account may not connect from this host",
+                    options.get_username()
+                ),
+                false,
+            ),
+            Some(1049 | 1044) => (
+                format!(
+                    "unknown database `{}`, or the account may not use it",
+                    options.get_database().unwrap_or_default()
+                ),
+                false,
+            ),
+            // Too many connections, shutting down: a server that will come back.
+            Some(1040 | 1053 | 1077) => ("the server is busy or shutting down".into(), true),
+            Some(n) => (format!("the server refused the connection (mysql {n})"), false),
+            None => ("the server refused the connection".into(), false),
+        };
+    }
+    if let Some(problem) = endpoint::tls::TlsProblem::find(e) {
+        return (format!("TLS: {}", problem.describe()), false);
+    }
+    match endpoint::reach::Unreachable::find(e) {
+        Some(cause) => (cause.describe().to_owned(), true),
+        None if matches!(e, sqlx::Error::PoolTimedOut) => (
+            endpoint::reach::Unreachable::TimedOut.describe().to_owned(),
+            true,
+        ),
+        None => ("the connection failed".into(), true),
+    }
 }
 
 // Text columns use a binary collation (exact comparison), which the driver reports as binary:

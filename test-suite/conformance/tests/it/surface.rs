@@ -302,3 +302,320 @@ fn every_program_prints_one_version_line_of_five_facts_and_names_an_unknown_comm
     }
     let _ = std::fs::remove_dir_all(&scratch);
 }
+
+/// A port on loopback where nothing listens (bound, then closed).
+fn closed_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().port()
+}
+
+/// One failure of the table: a program, a real condition, and what its line must say.
+struct Failure {
+    /// Its row in docs/input-surfaces.md ("Failing to reach a server").
+    id: &'static str,
+    program: &'static str,
+    args: Vec<String>,
+    env: Vec<(String, String)>,
+    stdin: Option<&'static str>,
+    exit: i32,
+    /// Fragments of the last line on stderr.
+    says: Vec<String>,
+}
+
+fn envs(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+    pairs
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect()
+}
+
+/// Words of libraries and of our internals that a user must never have to read.
+const INTERNAL_WORDS: &[&str] = &[
+    "retryable",
+    "Io(",
+    "pool timed out",
+    "os error",
+    "client error (Connect)",
+    "tcp connect error",
+    "error sending request",
+    "storage_error",
+];
+
+#[tokio::test(flavor = "multi_thread")]
+async fn every_failure_to_reach_a_server_is_one_line_naming_where_why_and_what_to_check() {
+    let db = ReceiverDb::provisioned().await;
+    let address = db.address().to_owned();
+    let init_url = db.init_url().expose().to_owned();
+    let password = db.init.password.expose().to_owned();
+    let platform_url = db.platform_url().expose().to_owned();
+    let platform_password = db.platform.password.expose().to_owned();
+    let closed = closed_port();
+
+    // A platform over HTTPS whose certificate a CA of this run signed, which nothing trusts.
+    let scratch = std::env::temp_dir().join(format!("surface-e-{}", std::process::id()));
+    let pki = testdb::tls::Pki::generate(&scratch.join("pki")).unwrap();
+    let tls_orbit = conformance::OrbitDev::start_tls(ReceiverDb::provisioned().await, &pki, &[]);
+    let token = tls_orbit.credentials().token.expose().to_owned();
+    let credentials = tls_orbit.credentials_file.display().to_string();
+    let wrong_password = "not-the-password-q7";
+    // The receiver's own database, ready, for the cases about the platform.
+    let ready = ReceiverDb::new().await;
+    let runtime_url = ready.db.runtime_url().expose().to_owned();
+
+    let bootstrap = |dsn: String| Failure {
+        id: "",
+        program: "orbit-dev",
+        args: strings(&[
+            "bootstrap",
+            "--application",
+            "a",
+            "--namespace",
+            "default",
+            "--environment",
+            "development",
+            "--queue",
+            "inbox-demo",
+            "--output",
+            "credentials.json",
+        ]),
+        env: vec![("ORBIT_MYSQL_DSN".into(), dsn)],
+        stdin: None,
+        exit: 1,
+        says: vec![],
+    };
+    let cases = vec![
+        Failure {
+            id: "database-refused",
+            program: "receiver",
+            args: strings(&["init"]),
+            env: envs(&[(
+                "ORBIT_RECEIVER_DSN",
+                &init_url.replace(&address, &format!("127.0.0.1:{closed}")),
+            )]),
+            stdin: None,
+            exit: 1,
+            says: vec![
+                format!("receiver init: cannot connect to the receiver database: 127.0.0.1:{closed}: connection refused: nothing listens on that port; check ORBIT_RECEIVER_DSN"),
+            ],
+        },
+        Failure {
+            id: "database-password",
+            program: "receiver",
+            args: strings(&["init"]),
+            env: envs(&[("ORBIT_RECEIVER_DSN", &init_url.replace(&password, wrong_password))]),
+            stdin: None,
+            exit: 1,
+            says: vec![
+                format!("access denied for account `{}` at {address}", db.init.user),
+                "check ORBIT_RECEIVER_DSN".into(),
+            ],
+        },
+        Failure {
+            id: "database-unknown",
+            program: "receiver",
+            args: strings(&["init"]),
+            env: envs(&[(
+                "ORBIT_RECEIVER_DSN",
+                &init_url.replace(&format!("/{}", db.receiver_db), "/no_such_receiver_db"),
+            )]),
+            stdin: None,
+            exit: 1,
+            says: vec![
+                format!("database `no_such_receiver_db` at {address} does not exist"),
+                "check ORBIT_RECEIVER_DSN".into(),
+            ],
+        },
+        Failure {
+            id: "platform-refused",
+            program: "receiver",
+            args: strings(&["demo"]),
+            env: envs(&[
+                ("ORBIT_RECEIVER_DSN", &runtime_url),
+                ("ORBIT_URL", &format!("http://127.0.0.1:{closed}")),
+                ("ORBIT_CREDENTIALS_FILE", &credentials),
+            ]),
+            stdin: None,
+            exit: 1,
+            says: vec![format!(
+                "cannot reach the platform at 127.0.0.1:{closed}: connection refused: nothing listens on that port; check ORBIT_URL"
+            )],
+        },
+        Failure {
+            id: "platform-untrusted",
+            program: "receiver",
+            args: strings(&["demo"]),
+            env: envs(&[
+                ("ORBIT_RECEIVER_DSN", &runtime_url),
+                ("ORBIT_URL", &tls_orbit.url),
+                ("ORBIT_CREDENTIALS_FILE", &credentials),
+            ]),
+            stdin: None,
+            exit: 1,
+            says: vec![
+                format!("ORBIT_URL {}", tls_orbit.url),
+                "TLS: the server's certificate is not signed by a CA this client trusts".into(),
+                "ORBIT_CA_FILE".into(),
+            ],
+        },
+        Failure {
+            id: "platform-database-password",
+            says: vec![
+                format!(
+                    "orbit-dev: cannot connect to the platform database at {address}: access denied for account `{}`",
+                    db.platform.user
+                ),
+                "check ORBIT_MYSQL_DSN".into(),
+            ],
+            ..bootstrap(platform_url.replace(&platform_password, wrong_password))
+        },
+        Failure {
+            id: "platform-database-unknown",
+            says: vec![
+                "unknown database `no_such_platform_db`".into(),
+                "check ORBIT_MYSQL_DSN".into(),
+            ],
+            ..bootstrap(platform_url.replace(&format!("/{}", db.platform_db), "/no_such_platform_db"))
+        },
+        Failure {
+            id: "platform-database-refused",
+            says: vec![format!(
+                "orbit-dev: cannot connect to the platform database at 127.0.0.1:{closed}: connection refused: nothing listens on that port; check ORBIT_MYSQL_DSN"
+            )],
+            ..bootstrap(platform_url.replace(&address, &format!("127.0.0.1:{closed}")))
+        },
+        Failure {
+            id: "digest-field",
+            program: "receiver",
+            args: strings(&["digest", "--queue", "inbox-demo"]),
+            env: vec![],
+            stdin: Some(r#"{"id":"e-1","type":"task.started","namespace":"default","queue_id":"inbox-demo","task_id":"t-1","task_version":"7","state":"RUNNING","occurred_at":"2026-01-01T00:00:00Z"}"#),
+            exit: 3,
+            says: vec!["receiver digest: invalid_version: `task_version` must be an integer".into()],
+        },
+        Failure {
+            id: "proxy-upstream",
+            program: "commit-proxy",
+            args: strings(&["--upstream", "banana"]),
+            env: vec![],
+            stdin: None,
+            exit: 2,
+            says: vec!["commit-proxy: --upstream \"banana\" has no port: give HOST:PORT".into()],
+        },
+        Failure {
+            id: "proxy-listen",
+            program: "commit-proxy",
+            args: strings(&["--upstream", &address, "--listen", "0.0.0.0:0"]),
+            env: vec![],
+            stdin: None,
+            exit: 2,
+            says: vec!["listens on loopback addresses only".into()],
+        },
+        Failure {
+            id: "kit-receiver",
+            program: "conformance",
+            args: strings(&["run"]),
+            env: vec![],
+            stdin: None,
+            exit: 2,
+            says: vec!["conformance: run: --receiver is required".into()],
+        },
+    ];
+
+    let surfaces = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/input-surfaces.md"),
+    )
+    .unwrap();
+    let secrets = [
+        password.as_str(),
+        &platform_password,
+        wrong_password,
+        &token,
+    ];
+    for case in &cases {
+        let started = Instant::now();
+        let ran = match case.stdin {
+            None => run(
+                &workspace_bin(case.program),
+                &case.args,
+                &case.env,
+                &scratch,
+            ),
+            Some(input) => {
+                let mut cmd = bare_command(&workspace_bin(case.program));
+                cmd.args(&case.args)
+                    .stdin(Stdio::piped())
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::piped());
+                let mut child = cmd.spawn().unwrap();
+                use std::io::Write;
+                child
+                    .stdin
+                    .take()
+                    .unwrap()
+                    .write_all(input.as_bytes())
+                    .unwrap();
+                let out = child.wait_with_output().unwrap();
+                Ran {
+                    code: out.status.code(),
+                    stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+                    stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+                    files: vec![],
+                }
+            }
+        };
+        let id = case.id;
+        assert_eq!(ran.code, Some(case.exit), "{id}: exit\n{}", ran.stderr);
+        // One line; orbit-dev, while it waits for its database, says so at most once a
+        // second before it.
+        // Log lines (`receiver demo` logs its steps) are not the error.
+        let lines: Vec<&str> = ran
+            .stderr
+            .lines()
+            .filter(|l| !l.contains("Z  INFO "))
+            .collect();
+        let (waiting, last) = lines.split_at(lines.len().saturating_sub(1));
+        assert_eq!(last.len(), 1, "{id}: {}", ran.stderr);
+        let last = last[0];
+        assert!(
+            waiting
+                .iter()
+                .all(|l| l.starts_with("orbit-dev: waiting for the platform database at ")),
+            "{id}: one line: {}",
+            ran.stderr
+        );
+        assert!(
+            waiting.len() as u64 <= started.elapsed().as_secs() + 1,
+            "{id}: more than one waiting line a second: {}",
+            ran.stderr
+        );
+        for fragment in &case.says {
+            assert!(
+                last.contains(fragment.as_str()),
+                "{id}: {last:?} lacks {fragment:?}"
+            );
+        }
+        for word in INTERNAL_WORDS {
+            assert!(
+                !ran.stderr.contains(word),
+                "{id}: {word:?} in {}",
+                ran.stderr
+            );
+        }
+        for secret in secrets {
+            assert!(
+                !ran.stderr.contains(secret) && !ran.stdout.contains(secret),
+                "{id} printed a secret"
+            );
+        }
+        // docs/input-surfaces.md lists the case with the same exit code.
+        let row = surfaces
+            .lines()
+            .find(|l| l.starts_with(&format!("| `{id}` |")))
+            .unwrap_or_else(|| panic!("docs/input-surfaces.md has no row for `{id}`"));
+        assert!(
+            row.contains(&format!("| {} |", case.exit)),
+            "docs/input-surfaces.md says another exit code for `{id}`: {row}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&scratch);
+}
