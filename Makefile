@@ -2,7 +2,7 @@
 CARGO ?= cargo
 
 .DEFAULT_GOAL := help
-.PHONY: help deps check build fault-build mutant-build kit kit-dist containers-inside release test unit integration integration-containers demo bench bench-proxy bench-prune bench-instructions soak nemesis failover
+.PHONY: help deps check build install dist fault-build mutant-build kit kit-dist containers-inside release test unit integration integration-containers demo bench bench-proxy bench-prune bench-instructions soak nemesis failover
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -10,12 +10,13 @@ help: ## List the targets
 deps: ## Install what a fresh machine lacks (Debian's mariadb-server, galera-4; Prometheus unpacked into target/tools)
 	@scripts/install-deps
 
-check: ## Format, lint (warnings denied; the fault build too), build, and check the container backend feature
+check: ## Format, lint (warnings denied; the fault build too), build, check the docs against the code, and check the container backend feature
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	$(CARGO) clippy -p result-inbox -p receiver -p orbit-sdk --features receiver/fault-barriers --all-targets -- -D warnings
 	$(CARGO) clippy -p result-inbox -p receiver --features receiver/mutants --all-targets -- -D warnings
 	$(CARGO) build --workspace
+	scripts/check-docs
 	$(CARGO) clippy -p testdb -p conformance --features conformance/container --all-targets -- -D warnings
 	@$(CARGO) tree -p testdb --features container -e normal --prefix none | grep -qx 'bollard v0.21.1' || { echo "testdb's container backend was proven with bollard 0.21.1 (unversioned API paths, which Debian's engine 20.10 accepts): run make integration-containers before changing it, then update this check"; exit 1; }
 	@! $(CARGO) tree -p orbit-sdk -e normal --prefix none | grep -Ei '^(sqlx|mysql)' || { echo "orbit-sdk must not depend on a database driver"; exit 1; }
@@ -41,6 +42,16 @@ KIT_RECEIVER ?= target/debug/receiver
 kit: deps build mutant-build ## The conformance kit against our receiver (every case), then each mutant against the case aimed at it (about 4 minutes: 108 s and 131 s in CI)
 	$(CARGO) run -q -p conformance --bin conformance -- run --receiver '$(KIT_RECEIVER)' --junit target/kit/report.xml --json target/kit/report.json $(KIT_ARGS)
 	$(CARGO) run -q -p conformance --bin conformance -- mutants --receiver-mutant target/debug/receiver-mutant
+
+# PREFIX and DESTDIR as usual: DESTDIR=/tmp/stage puts everything below a staging directory.
+PREFIX ?= /usr/local
+DESTDIR ?=
+install: release ## Install receiver, the schema, the systemd units, the alert rules, the dashboard and the docs below $(DESTDIR)$(PREFIX) (default /usr/local)
+	@scripts/dist stage target/install-stage
+	PREFIX='$(PREFIX)' DESTDIR='$(DESTDIR)' target/install-stage/install.sh
+
+dist: release ## The release package: target/dist/result-inbox-<version>-x86_64-linux.tar.gz (receiver, units, schema, alerts, dashboard, docs, install.sh) and target/dist/SHA256SUMS
+	@scripts/dist package
 
 kit-dist: ## The kit as a tarball for teams without this repository or Rust: target/dist/result-inbox-kit-<version>-x86_64-linux.tar.gz (the kit, orbit-dev, commit-proxy, the contract, a quick start)
 	@scripts/kit-dist

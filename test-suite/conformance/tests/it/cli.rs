@@ -119,7 +119,8 @@ async fn an_unknown_database_gets_a_clear_error() {
     let err = text(&out.stderr);
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(
-        err.contains("database `no_such_receiver_db` does not exist or this account cannot use it"),
+        err.contains("database `no_such_receiver_db` at ")
+            && err.contains(" does not exist or this account cannot use it"),
         "{err}"
     );
     assert!(!err.contains(db.init.password.expose()), "{err}");
@@ -137,7 +138,11 @@ async fn a_wrong_password_is_named_without_echoing_it() {
     let err = text(&out.stderr);
     assert_eq!(
         err,
-        "receiver init: cannot connect to the receiver database: access denied: the server refused the DSN's user name or password (mysql 1045, SQLSTATE 28000)\n"
+        format!(
+            "receiver init: cannot connect to the receiver database: access denied for account `{}` at {}: the server refused its password, or the account may not connect from this host (mysql 1045, SQLSTATE 28000); check ORBIT_RECEIVER_DSN\n",
+            db.init.user,
+            db.address()
+        )
     );
     assert!(!err.contains("not-the-password-x9"));
 }
@@ -492,7 +497,7 @@ fn reads_are_bounded_and_only_of_regular_files() {
         text(&out.stderr),
         "receiver inspect: the event in ".to_owned()
             + &huge.display().to_string()
-            + " is rejected: too_large\n"
+            + " is rejected: too_large: 524289 bytes is over the limit of 524288 bytes\n"
     );
     // A credentials file: a FIFO is refused, not waited on; a huge one is refused unread.
     let big_credentials = sparse_file("huge.credentials", 300 << 20);
