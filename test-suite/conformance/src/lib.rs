@@ -11,6 +11,7 @@
 
 pub mod bins;
 pub mod database;
+pub mod docs;
 pub mod events;
 pub mod http;
 pub mod kit;

@@ -18,6 +18,7 @@ mod outage;
 mod platform;
 mod prune;
 mod recovery;
+mod release;
 mod schema;
 mod storage;
 mod surface;

@@ -41,7 +41,7 @@ pub(crate) async fn refused_event(ctx: Ctx) -> Verdict {
     );
     ensure!(
         d.state == "EXPIRED",
-        "R-CANON-3: event {key} carries a result with a member named twice, which the canonical form refuses; its delivery was {} at attempt {} instead of refused until its budget ran out",
+        "R-CANON-3: event {key} carries a result with a member named twice, which the canonical form refuses; its delivery was {} at attempt {} instead of refused until its budget ran out (docs/receiver-contract.md, \"A delivery you refuse\")",
         d.state,
         d.attempts
     );
@@ -55,7 +55,7 @@ pub(crate) async fn refused_event(ctx: Ctx) -> Verdict {
     let out = p.output();
     ensure!(
         out.contains(&key),
-        "R-CLI-4: the receiver refused event {key} without naming it in its output (an operator must be able to find what never applies): {}",
+        "R-CLI-4: the receiver refused event {key} without naming it in its output (an operator must be able to find what never applies; docs/receiver-contract.md, \"The output the kit reads\"): {}",
         last_lines(&w, &out)
     );
     Ok(format!(
@@ -156,7 +156,7 @@ pub(crate) async fn config_errors(ctx: Ctx) -> Verdict {
         );
         ensure!(
             out.lines().any(|l| l.contains(var)),
-            "R-CLI-5: consume with {var} {shown} exited without a line naming {var}: {}",
+            "R-CLI-5: consume with {var} {shown} exited without a line naming {var} (docs/receiver-contract.md, \"The output the kit reads\"): {}",
             last_lines(&w, &out)
         );
         seen.push(format!("{var} {shown}"));

@@ -9,19 +9,48 @@ use crate::kit::world::*;
 use crate::kit::*;
 use crate::QUEUE;
 
+/// Where the contract says what this case checks.
+const SCHEMA: &str = "docs/receiver-contract.md, \"The schema the kit checks\"";
+/// Where the contract lists the lines the kit reads.
+const OUTPUT_READ: &str = "docs/receiver-contract.md, \"The output the kit reads\"";
+
+/// The 17 columns of schema/schema.sql, by table.
+const COLUMNS: [(&str, &str); 17] = [
+    ("receiver_inbox", "consumer_name"),
+    ("receiver_inbox", "queue_id"),
+    ("receiver_inbox", "event_id"),
+    ("receiver_inbox", "event_digest"),
+    ("receiver_inbox", "event_canonical"),
+    ("receiver_inbox", "applied"),
+    ("receiver_inbox", "received_at"),
+    ("receiver_task_views", "consumer_name"),
+    ("receiver_task_views", "queue_id"),
+    ("receiver_task_views", "task_id"),
+    ("receiver_task_views", "task_version"),
+    ("receiver_task_views", "last_event_id"),
+    ("receiver_task_views", "last_state"),
+    ("receiver_task_views", "last_result"),
+    ("receiver_task_views", "applied_events"),
+    ("receiver_task_views", "created_at"),
+    ("receiver_task_views", "updated_at"),
+];
+
 pub(crate) async fn schema(ctx: Ctx) -> Verdict {
     let mut w = World::start(&ctx, SHORT_LEASE).await;
     let out = w.init().await?;
     ensure!(
-        out.contains("receiver_schema_initialized=true foreign_keys=0"),
-        "R-SCHEMA-5: `init` did not print `receiver_schema_initialized=true foreign_keys=0`: {}",
+        out.lines()
+            .any(|l| l.trim() == "receiver_schema_initialized=true foreign_keys=0"),
+        "R-SCHEMA-5: `init` did not print `receiver_schema_initialized=true foreign_keys=0` on a line of its own ({OUTPUT_READ}): {}",
         last_lines(&w, &out)
     );
     let mut c = w.admin().await;
     let db = w.db().receiver_db.clone();
+    // Only the receiver's two tables: any other (a migration tool's own, say) is allowed.
     let tables: Vec<(String, String)> = sqlx::query_as(
         "SELECT CAST(table_name AS CHAR), CAST(table_comment AS CHAR) FROM information_schema.tables \
-         WHERE table_schema = ? ORDER BY table_name",
+         WHERE table_schema = ? AND table_name IN ('receiver_inbox', 'receiver_task_views') \
+         ORDER BY table_name",
     )
     .bind(&db)
     .fetch_all(&mut c)
@@ -30,32 +59,40 @@ pub(crate) async fn schema(ctx: Ctx) -> Verdict {
     let names: Vec<&str> = tables.iter().map(|(t, _)| t.as_str()).collect();
     ensure!(
         names == ["receiver_inbox", "receiver_task_views"],
-        "R-SCHEMA-1: the receiver's database must hold exactly receiver_inbox and receiver_task_views, not {names:?}"
+        "R-SCHEMA-1: `init` must create receiver_inbox and receiver_task_views; the database holds {names:?} of them ({SCHEMA})"
     );
     for (t, comment) in &tables {
         ensure!(
             !comment.trim().is_empty(),
-            "R-SCHEMA-1: table {t} has no comment"
+            "R-SCHEMA-1: table {t} has no comment ({SCHEMA})"
         );
     }
     let columns: Vec<(String, String, String, String, Option<String>)> = sqlx::query_as(
         "SELECT CAST(table_name AS CHAR), CAST(column_name AS CHAR), CAST(column_comment AS CHAR), \
          CAST(data_type AS CHAR), CAST(collation_name AS CHAR) FROM information_schema.columns \
-         WHERE table_schema = ?",
+         WHERE table_schema = ? AND table_name IN ('receiver_inbox', 'receiver_task_views')",
     )
     .bind(&db)
     .fetch_all(&mut c)
     .await
     .expect("columns listed");
+    let mut names: Vec<String> = columns
+        .iter()
+        .map(|(t, c, ..)| format!("{t}.{c}"))
+        .collect();
+    names.sort();
+    let mut expected: Vec<String> = COLUMNS.iter().map(|(t, c)| format!("{t}.{c}")).collect();
+    expected.sort();
     ensure!(
-        columns.len() == 17,
-        "R-SCHEMA-1: 17 columns in all, not {}",
-        columns.len()
+        names == expected,
+        "R-SCHEMA-1: the two tables must have the 17 columns of schema/schema.sql; missing {:?}, extra {:?} ({SCHEMA})",
+        expected.iter().filter(|c| !names.contains(c)).collect::<Vec<_>>(),
+        names.iter().filter(|c| !expected.contains(c)).collect::<Vec<_>>()
     );
     for (t, col, comment, ..) in &columns {
         ensure!(
             !comment.trim().is_empty(),
-            "R-SCHEMA-1: column {t}.{col} has no comment"
+            "R-SCHEMA-1: column {t}.{col} has no comment ({SCHEMA})"
         );
     }
     let identity = [
@@ -76,12 +113,15 @@ pub(crate) async fn schema(ctx: Ctx) -> Verdict {
             || collation.as_deref().is_some_and(|c| c.ends_with("_bin"));
         ensure!(
             binary,
-            "R-SCHEMA-7: identity column {t}.{col} is {data_type} with collation {}: identities must compare byte for byte (a binary collation or VARBINARY)",
+            "R-SCHEMA-7: identity column {t}.{col} is {data_type} with collation {}: identities must compare byte for byte (a binary collation or VARBINARY; {SCHEMA})",
             collation.as_deref().unwrap_or("none")
         );
     }
+    // Foreign keys on the two tables, or pointing at them; other tables' own are theirs.
     let fks: i64 = sqlx::query_scalar(
-        "SELECT COUNT(*) FROM information_schema.referential_constraints WHERE constraint_schema = ?",
+        "SELECT COUNT(*) FROM information_schema.referential_constraints WHERE constraint_schema = ? \
+         AND (table_name IN ('receiver_inbox', 'receiver_task_views') \
+              OR referenced_table_name IN ('receiver_inbox', 'receiver_task_views'))",
     )
     .bind(&db)
     .fetch_one(&mut c)
@@ -89,7 +129,7 @@ pub(crate) async fn schema(ctx: Ctx) -> Verdict {
     .expect("foreign keys counted");
     ensure!(
         fks == 0,
-        "R-SCHEMA-1: {fks} foreign key(s); there must be none"
+        "R-SCHEMA-1: {fks} foreign key(s) on or to the receiver's tables; there must be none ({SCHEMA})"
     );
 
     let env = w.env(&w.db().init_url());
@@ -103,7 +143,8 @@ pub(crate) async fn schema(ctx: Ctx) -> Verdict {
         ))
     );
     let after: i64 = sqlx::query_scalar(
-        "SELECT COUNT(*) FROM information_schema.columns WHERE table_schema = ?",
+        "SELECT COUNT(*) FROM information_schema.columns WHERE table_schema = ? \
+         AND table_name IN ('receiver_inbox', 'receiver_task_views')",
     )
     .bind(&db)
     .fetch_one(&mut c)

@@ -12,6 +12,9 @@ use crate::kit::world::*;
 use crate::kit::*;
 use crate::{poll, QUEUE};
 
+/// Where the contract says what each decision writes.
+const DECISIONS: &str = "docs/receiver-contract.md, \"The apply, decision by decision\"";
+
 pub(crate) async fn first_receipt(ctx: Ctx) -> Verdict {
     let (w, _p, task, key) = World::first_event(&ctx, SHORT_LEASE).await?;
     let delivery = w.delivery(&w.deliveries_of(&key).await[0]).await;
@@ -96,7 +99,7 @@ pub(crate) async fn duplicate(ctx: Ctx) -> Verdict {
     let view = w.view(&task).await.ok_or("R-STORE-5: no view")?;
     ensure!(
         rows == 1 && view.applied_events == 1,
-        "R-STORE-4: after the duplicate: {rows} inbox row(s), applied_events {}; a duplicate must not advance the view again",
+        "R-STORE-4: after the duplicate: {rows} inbox row(s), applied_events {}; a duplicate must not advance the view again ({DECISIONS})",
         view.applied_events
     );
     Ok("the redelivery ACKed; one inbox row, applied_events 1".into())
@@ -129,7 +132,7 @@ pub(crate) async fn pruned_redelivery(ctx: Ctx) -> Verdict {
     let view = w.view(&task).await.ok_or("R-STORE-5: no view")?;
     ensure!(
         view == before,
-        "R-STORE-12: a redelivery whose inbox row was pruned moved the view: it was {before:?}, now {view:?}; the same version and event id is never applied twice"
+        "R-STORE-12: a redelivery whose inbox row was pruned moved the view: it was {before:?}, now {view:?}; the same version and event id is never applied twice ({DECISIONS})"
     );
     let rows = w.inbox(&key).await;
     ensure!(
@@ -155,14 +158,14 @@ pub(crate) async fn stale_version(ctx: Ctx) -> Verdict {
     let view = w.view(&task).await.ok_or("R-STORE-5: no view")?;
     ensure!(
         view.version == before.version && view.last_event == key && view.applied_events == 1,
-        "R-STORE-6: an older version (v{}) moved the view: it was v{} by {key}, applied_events 1; now {view:?}",
+        "R-STORE-6: an older version (v{}) moved the view: it was v{} by {key}, applied_events 1; now {view:?} ({DECISIONS})",
         before.version - 1,
         before.version
     );
     let rows = w.inbox(&old).await;
     ensure!(
         rows.len() == 1 && !rows[0].1,
-        "R-STORE-6: the older event must be recorded with applied = false ({} row(s), applied {:?})",
+        "R-STORE-6: the older event must be recorded with applied = false ({} row(s), applied {:?}; {DECISIONS})",
         rows.len(),
         rows.first().map(|r| r.1)
     );
@@ -198,7 +201,7 @@ pub(crate) async fn same_id_other_content(ctx: Ctx) -> Verdict {
     let attempts = never_acked(
         &w,
         &deliveries,
-        "R-STORE-4: an event with the id of an applied event and other content (another digest) is a conflict",
+        "R-STORE-4: an event with the id of an applied event and other content (another digest) is a conflict ({DECISIONS})",
     )
     .await?;
     let rows = w.inbox(&key).await;
@@ -222,7 +225,7 @@ pub(crate) async fn same_version_other_id(ctx: Ctx) -> Verdict {
     let attempts = never_acked(
         &w,
         &deliveries,
-        "R-STORE-6: another event id for a version already applied is a conflict",
+        "R-STORE-6: another event id for a version already applied is a conflict ({DECISIONS})",
     )
     .await?;
     let rows = w.inbox(&other).await.len();
