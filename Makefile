@@ -39,7 +39,7 @@ mutant-build: ## The test-only receiver-mutant binary (the receiver with one rul
 
 # KIT_RECEIVER: the receiver under test (a command line); KIT_ARGS, e.g. "--only schema".
 KIT_RECEIVER ?= target/debug/receiver
-kit: deps build mutant-build ## The conformance kit against our receiver (every case), then each mutant against the case aimed at it (about 4 minutes: 108 s and 131 s in CI)
+kit: deps build mutant-build ## The conformance kit against our receiver (every case), then each mutant against the case aimed at it
 	$(CARGO) run -q -p conformance --bin conformance -- run --receiver '$(KIT_RECEIVER)' --junit target/kit/report.xml --json target/kit/report.json $(KIT_ARGS)
 	$(CARGO) run -q -p conformance --bin conformance -- mutants --receiver-mutant target/debug/receiver-mutant
 
@@ -71,7 +71,7 @@ unit: ## Only the tests that need no server
 # Each suite (a module of test-suite/conformance/tests/it) in its own process with its own
 # temporary MySQL server, three at a time; a summary table; fails if anything is left behind.
 # INTEGRATION_ARGS passes options, e.g. INTEGRATION_ARGS="--only faults,storage".
-integration: deps build fault-build mutant-build release ## Every real-server suite in parallel, a summary table, a cleanup check (about 4 minutes: 221 s in CI)
+integration: deps build fault-build mutant-build release ## Every real-server suite in parallel, a summary table, a cleanup check
 	$(CARGO) run -q -p conformance --bin integration -- $(INTEGRATION_ARGS)
 
 # Under scripts/containers run: Debian's docker.io installed if missing, an isolated engine of
@@ -99,7 +99,7 @@ nemesis: deps build fault-build ## The nemesis on a Galera cluster in network na
 demo: deps build ## The whole demo: temporary MySQL, orbit-dev, receiver init and demo
 	$(CARGO) run -q -p conformance --bin demo
 
-bench: deps ## All benchmarks, quick mode (about five minutes): canonicalise, apply, backlog drain, proxy relay
+bench: deps ## All benchmarks, quick mode: canonicalise, apply, backlog drain, proxy relay
 	$(CARGO) bench -p result-inbox --bench canonical
 	$(CARGO) bench -p result-inbox --bench apply
 	$(CARGO) build --release -p orbit-dev -p receiver --bins

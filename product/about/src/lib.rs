@@ -56,6 +56,24 @@ pub fn asked<S: AsRef<OsStr>>(args: &[S]) -> Asked {
     }
 }
 
+/// Answers a command line that asks for help or the version, as every program does: prints the
+/// help of the command `args` name among `commands` (`help` gives its text; `None` is the
+/// program's own), or [`version_line`]. `true` when it answered: the caller exits 0 and does
+/// nothing else.
+pub fn answered<S: AsRef<OsStr>>(
+    program: &str,
+    args: &[S],
+    commands: &[&str],
+    help: impl FnOnce(Option<&str>) -> String,
+) -> bool {
+    match asked(args) {
+        Asked::Help => print(&help(command_named(args, commands))),
+        Asked::Version => print(&version_line(program)),
+        Asked::Run => return false,
+    }
+    true
+}
+
 /// The first of `args` that is one of `commands`: the command whose help to print.
 pub fn command_named<'a, S: AsRef<OsStr>>(args: &[S], commands: &[&'a str]) -> Option<&'a str> {
     args.iter()

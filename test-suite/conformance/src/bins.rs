@@ -68,6 +68,28 @@ fn built(path: &str, build: &str) -> PathBuf {
     bin
 }
 
+/// A release tarball of `target/dist` (`make dist`, `make kit-dist`) whose name is `prefix`, a
+/// version, and `-x86_64-linux.tar.gz`.
+pub fn dist_tarball(prefix: &str) -> PathBuf {
+    let dist = profile_dir().join("../dist");
+    std::fs::read_dir(&dist)
+        .unwrap_or_else(|e| panic!("{}: {e}: make dist kit-dist first", dist.display()))
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| {
+            let name = p.file_name().unwrap_or_default().to_string_lossy();
+            name.strip_prefix(prefix)
+                .is_some_and(|v| v.starts_with(|c: char| c.is_ascii_digit()))
+                && name.ends_with("-x86_64-linux.tar.gz")
+        })
+        .unwrap_or_else(|| {
+            panic!(
+                "no {prefix}<version>-x86_64-linux.tar.gz in {}: make dist kit-dist",
+                dist.display()
+            )
+        })
+}
+
 /// A binary of this workspace (`target/<profile>/<name>`).
 pub fn workspace_bin(name: &str) -> PathBuf {
     built(name, "cargo build --workspace --bins")

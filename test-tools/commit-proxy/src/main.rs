@@ -95,16 +95,8 @@ fn main() -> ExitCode {
         eprintln!("commit-proxy: an argument is not valid UTF-8");
         return ExitCode::from(2);
     };
-    match about::asked(&argv) {
-        about::Asked::Help => {
-            about::print(USAGE);
-            return ExitCode::SUCCESS;
-        }
-        about::Asked::Version => {
-            about::print(&about::version_line("commit-proxy"));
-            return ExitCode::SUCCESS;
-        }
-        about::Asked::Run => {}
+    if about::answered("commit-proxy", &argv, &[], |_| USAGE.into()) {
+        return ExitCode::SUCCESS;
     }
     let args = match parse(&argv) {
         Ok(a) => a,

@@ -79,16 +79,8 @@ fn main() -> ExitCode {
         }
     }
     // Help and the version before anything is read or opened, wherever they stand.
-    match about::asked(&args) {
-        about::Asked::Help => {
-            about::print(&help_of(about::command_named(&args, COMMANDS)));
-            return ExitCode::SUCCESS;
-        }
-        about::Asked::Version => {
-            about::print(&about::version_line("orbit-dev"));
-            return ExitCode::SUCCESS;
-        }
-        about::Asked::Run => {}
+    if about::answered("orbit-dev", &args, COMMANDS, help_of) {
+        return ExitCode::SUCCESS;
     }
     if args.is_empty() {
         eprintln!(

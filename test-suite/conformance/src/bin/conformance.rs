@@ -152,22 +152,17 @@ fn clock_seed() -> u64 {
 fn parse(args: &[String]) -> Result<Asked, String> {
     let names: Vec<&str> = cases().iter().map(|c| c.name).collect();
     // Help and the version before anything is read or written, wherever they stand.
-    match about::asked(args) {
-        about::Asked::Help => {
-            let text = match about::command_named(args, COMMANDS) {
-                Some("run") => RUN_HELP,
-                Some("mutants") => MUTANTS_HELP,
-                Some("list") => LIST_HELP,
-                _ => USAGE,
-            };
-            about::print(text);
-            return Ok(Asked::Nothing);
+    let help = |command: Option<&str>| {
+        match command {
+            Some("run") => RUN_HELP,
+            Some("mutants") => MUTANTS_HELP,
+            Some("list") => LIST_HELP,
+            _ => USAGE,
         }
-        about::Asked::Version => {
-            about::print(&about::version_line("conformance"));
-            return Ok(Asked::Nothing);
-        }
-        about::Asked::Run => {}
+        .to_owned()
+    };
+    if about::answered("conformance", args, COMMANDS, help) {
+        return Ok(Asked::Nothing);
     }
     match args.first().map(String::as_str) {
         Some("list") | Some("--list") => {

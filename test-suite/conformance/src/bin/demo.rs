@@ -39,16 +39,8 @@ argument.";
 
 fn main() -> ExitCode {
     let args: Vec<_> = std::env::args_os().skip(1).collect();
-    match about::asked(&args) {
-        about::Asked::Help => {
-            about::print(HELP);
-            return ExitCode::SUCCESS;
-        }
-        about::Asked::Version => {
-            about::print(&about::version_line("demo"));
-            return ExitCode::SUCCESS;
-        }
-        about::Asked::Run => {}
+    if about::answered("demo", &args, &[], |_| HELP.into()) {
+        return ExitCode::SUCCESS;
     }
     if let Some(first) = args.first() {
         eprintln!(

@@ -429,16 +429,8 @@ fn main() -> ExitCode {
     // Help and the version before anything is built, started or written, wherever they stand
     // (before a `--`: what follows it is the test processes').
     let args: Vec<_> = std::env::args_os().skip(1).collect();
-    match about::asked(&args) {
-        about::Asked::Help => {
-            about::print(USAGE);
-            return ExitCode::SUCCESS;
-        }
-        about::Asked::Version => {
-            about::print(&about::version_line("integration"));
-            return ExitCode::SUCCESS;
-        }
-        about::Asked::Run => {}
+    if about::answered("integration", &args, &[], |_| USAGE.into()) {
+        return ExitCode::SUCCESS;
     }
     let started = Instant::now();
     let result = parse_args()

@@ -500,19 +500,6 @@ async fn the_receiver_image_runs_the_demo_end_to_end() {
 
 /// The kit's tarball (`make kit-dist`), the only file of this repository a team outside Rust
 /// needs: `target/dist/result-inbox-kit-<version>-x86_64-linux.tar.gz`.
-fn kit_tarball() -> PathBuf {
-    let dist = repo().join("target/dist");
-    std::fs::read_dir(&dist)
-        .unwrap_or_else(|e| panic!("{}: {e}: make kit-dist first", dist.display()))
-        .flatten()
-        .map(|e| e.path())
-        .find(|p| {
-            let name = p.file_name().unwrap_or_default().to_string_lossy();
-            name.starts_with("result-inbox-kit-") && name.ends_with("-x86_64-linux.tar.gz")
-        })
-        .expect("a kit tarball: make kit-dist makes it")
-}
-
 /// Asserts that a kit run passed every case against our release receiver; its output.
 fn kit_passed(out: &std::process::Output, started: Instant) -> String {
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -549,7 +536,7 @@ fn the_kit_tarball_passes_on_a_clean_debian_with_only_mariadb() {
     let image = std::env::var("MARIADB_IMAGE").expect("MARIADB_IMAGE names the image");
     #[allow(clippy::disallowed_methods)] // set by scripts/containers run
     let engine = std::env::var("DOCKER_HOST").expect("DOCKER_HOST names the engine");
-    let tarball = kit_tarball();
+    let tarball = conformance::bins::dist_tarball("result-inbox-kit-");
     let file = tarball.file_name().unwrap().to_string_lossy().into_owned();
     let name = file.trim_end_matches(".tar.gz");
     // The QUICKSTART.md a user unpacks, not the template in deploy/kit.

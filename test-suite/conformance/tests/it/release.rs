@@ -170,22 +170,6 @@ fn the_walkthrough_and_the_quickstart_are_marked_in_order_and_parse() {
     }
 }
 
-/// A tarball of `target/dist` whose name starts with `prefix` (`make dist`, `make kit-dist`).
-fn tarball(prefix: &str) -> PathBuf {
-    let dist = repo().join("target/dist");
-    std::fs::read_dir(&dist)
-        .unwrap_or_else(|e| panic!("{}: {e}: make dist kit-dist first", dist.display()))
-        .flatten()
-        .map(|e| e.path())
-        .find(|p| {
-            let name = p.file_name().unwrap_or_default().to_string_lossy();
-            name.starts_with(prefix)
-                && name[prefix.len()..].starts_with(|c: char| c.is_ascii_digit())
-                && name.ends_with("-x86_64-linux.tar.gz")
-        })
-        .unwrap_or_else(|| panic!("no {prefix}*.tar.gz in target/dist: make dist kit-dist"))
-}
-
 /// docs/operations.md's walkthrough, every marked block in order, as root on a clean Debian 12
 /// container (`WALKTHROUGH_IMAGE`: Debian's base, `mariadb-server` and `curl`, nothing else),
 /// with no network, from the release package and the kit's package. The only step before the
@@ -198,8 +182,8 @@ fn the_walkthrough_runs_from_the_release_package_on_a_clean_debian() {
     let image = std::env::var("WALKTHROUGH_IMAGE").expect("WALKTHROUGH_IMAGE names the image");
     #[allow(clippy::disallowed_methods)] // set by scripts/containers run
     let engine = std::env::var("DOCKER_HOST").expect("DOCKER_HOST names the engine");
-    let release = tarball("result-inbox-");
-    let kit = tarball("result-inbox-kit-");
+    let release = conformance::bins::dist_tarball("result-inbox-");
+    let kit = conformance::bins::dist_tarball("result-inbox-kit-");
     // The package matches its checksum, as a user would check it.
     let sums = read(&repo().join("target/dist/SHA256SUMS"));
     let name = release.file_name().unwrap().to_string_lossy().into_owned();

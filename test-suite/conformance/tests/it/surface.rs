@@ -71,6 +71,23 @@ fn strings(a: &[&str]) -> Vec<String> {
     a.iter().map(|s| (*s).to_owned()).collect()
 }
 
+/// `orbit-dev bootstrap`'s arguments, as a person runs it.
+fn bootstrap_line() -> Vec<String> {
+    strings(&[
+        "bootstrap",
+        "--application",
+        "a",
+        "--namespace",
+        "default",
+        "--environment",
+        "development",
+        "--queue",
+        "inbox-demo",
+        "--output",
+        "credentials.json",
+    ])
+}
+
 /// Every program and a real command line of each of its commands: the lines a person runs.
 fn command_lines(proxy_upstream: &str) -> Vec<(&'static str, Vec<String>)> {
     vec![
@@ -124,22 +141,7 @@ fn command_lines(proxy_upstream: &str) -> Vec<(&'static str, Vec<String>)> {
         ),
         ("conformance", strings(&["list"])),
         ("orbit-dev", strings(&["serve", "--listen", "127.0.0.1:0"])),
-        (
-            "orbit-dev",
-            strings(&[
-                "bootstrap",
-                "--application",
-                "a",
-                "--namespace",
-                "default",
-                "--environment",
-                "development",
-                "--queue",
-                "inbox-demo",
-                "--output",
-                "credentials.json",
-            ]),
-        ),
+        ("orbit-dev", bootstrap_line()),
         (
             "commit-proxy",
             vec![
@@ -365,19 +367,7 @@ async fn every_failure_to_reach_a_server_is_one_line_naming_where_why_and_what_t
     let bootstrap = |dsn: String| Failure {
         id: "",
         program: "orbit-dev",
-        args: strings(&[
-            "bootstrap",
-            "--application",
-            "a",
-            "--namespace",
-            "default",
-            "--environment",
-            "development",
-            "--queue",
-            "inbox-demo",
-            "--output",
-            "credentials.json",
-        ]),
+        args: bootstrap_line(),
         env: vec![("ORBIT_MYSQL_DSN".into(), dsn)],
         stdin: None,
         exit: 1,
