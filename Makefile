@@ -99,7 +99,7 @@ nemesis: deps build fault-build ## The nemesis on a Galera cluster in network na
 demo: deps build ## The whole demo: temporary MySQL, orbit-dev, receiver init and demo
 	$(CARGO) run -q -p conformance --bin demo
 
-bench: deps ## All benchmarks, quick mode: canonicalise, apply, backlog drain, proxy relay
+bench: deps ## All benchmarks, quick mode (about five minutes): canonicalise, apply, backlog drain, proxy relay
 	$(CARGO) bench -p result-inbox --bench canonical
 	$(CARGO) bench -p result-inbox --bench apply
 	$(CARGO) build --release -p orbit-dev -p receiver --bins
