@@ -259,3 +259,34 @@ fn the_walkthrough_runs_from_the_release_package_on_a_clean_debian() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `make install` itself, as the README's readers run it: below a `DESTDIR`, with the default
+/// `PREFIX`, the binary and the units land where the walkthrough says.
+#[test]
+fn make_install_honours_destdir_with_the_default_prefix() {
+    let dir = scratch("make-install");
+    let out = Command::new("make")
+        .args(["-s", "install"])
+        .arg(format!("DESTDIR={}", dir.display()))
+        .current_dir(repo())
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "make install: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for file in [
+        "usr/local/bin/receiver",
+        "usr/local/lib/systemd/system/receiver-consume.service",
+        "usr/local/share/result-inbox/schema/grants.sql",
+        "usr/local/share/doc/result-inbox/docs/operations.md",
+    ] {
+        assert!(dir.join(file).is_file(), "{file} is not installed");
+    }
+    let unit = read(&dir.join("usr/local/lib/systemd/system/receiver-consume.service"));
+    assert!(unit.contains("exec /usr/local/bin/receiver consume"), "{unit}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
