@@ -243,11 +243,53 @@ impl Problems {
             return Ok(());
         }
         let more = self.0.len().saturating_sub(SHOWN);
-        let mut out = format!("{what}: the ledger found {} problem(s): ", self.0.len());
+        // The rule the first finding breaks comes first (an ACK without its row is R-STORE-7
+        // whichever case's check found it), then the check that looked: the failure is read,
+        // and its level taken, from what was found.
+        let found = self
+            .0
+            .iter()
+            .find_map(|p| crate::kit::rules_named(p).next())
+            .filter(|rule| *rule != what);
+        let mut out = match found {
+            Some(rule) => format!(
+                "{rule}: the ledger found {} problem(s) in {what}'s check: ",
+                self.0.len()
+            ),
+            None => format!("{what}: the ledger found {} problem(s): ", self.0.len()),
+        };
         out.push_str(&self.0[..self.0.len().min(SHOWN)].join("; "));
         if more > 0 {
             out.push_str(&format!("; and {more} more"));
         }
         Err(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_rule_a_finding_breaks_comes_first_then_the_check_that_looked() {
+        let mut lost = Problems::default();
+        lost.add(
+            "event e: ACKED without a committed inbox row (R-STORE-7: ACK only after COMMIT)"
+                .into(),
+        );
+        let why = lost.verdict("R-STORE-9").unwrap_err();
+        assert!(
+            why.starts_with(
+                "R-STORE-7: the ledger found 1 problem(s) in R-STORE-9's check: event e"
+            ),
+            "{why}"
+        );
+        let mut same = Problems::default();
+        same.add("task t: a version advanced the view twice (R-STORE-4)".into());
+        assert!(same
+            .verdict("R-STORE-4")
+            .unwrap_err()
+            .starts_with("R-STORE-4: the ledger found 1 problem(s): task t"));
+        assert_eq!(Problems::default().verdict("R-STORE-9"), Ok(()));
     }
 }

@@ -17,9 +17,9 @@ use std::time::{Duration, Instant};
 use conformance::kit::report::{self, CaseResult, Expected};
 use conformance::kit::{cases, Ctx, Level};
 
-const USAGE: &str = "usage: conformance run --receiver 'COMMAND LINE' [--only CASE[,CASE…]] [--seed N] [--junit FILE] [--json FILE] [--expect FILE] [--strict] [--keep-logs DIR]\n       conformance mutants --receiver-mutant PATH [--runs N] [--only MUTANT[,MUTANT…]] [--seed N]\n       conformance list\n       conformance <command> --help";
+const USAGE: &str = "usage: conformance run --receiver 'COMMAND LINE' [--only CASE[,CASE…]] [--seed N] [--junit FILE] [--json FILE] [--certificate FILE] [--expect FILE] [--strict] [--keep-logs DIR]\n       conformance mutants --receiver-mutant PATH [--runs N] [--only MUTANT[,MUTANT…]] [--seed N]\n       conformance list\n       conformance <command> --help";
 
-const RUN_HELP: &str = "usage: conformance run --receiver 'COMMAND LINE' [--only CASE[,CASE…]] [--seed N] [--junit FILE] [--json FILE] [--expect FILE] [--strict] [--keep-logs DIR]
+const RUN_HELP: &str = "usage: conformance run --receiver 'COMMAND LINE' [--only CASE[,CASE…]] [--seed N] [--junit FILE] [--json FILE] [--certificate FILE] [--expect FILE] [--strict] [--keep-logs DIR]
 
 Runs the kit's cases against the receiver the command line starts (`COMMAND LINE init`, then
 `COMMAND LINE consume`, with only the documented environment), one case at a time, each in a
@@ -30,6 +30,9 @@ otherwise, 2 for a bad command line or an unwritable report.
   --only CASES       some cases, by name (conformance list names them)
   --seed N           replays a run's drawn values and schedules (each run prints its seed)
   --junit FILE       a JUnit XML report; --json FILE a JSON report
+  --certificate FILE a certificate of the run to publish: the kit (version, contract, its
+                     SHA-256), the receiver (command, `--version` line), the database, the
+                     seed, every case's verdict, the run's verdict plain and strict
   --expect FILE      cases known to fail, one `case: reason` a line (`#` starts a comment);
                      a case that fails otherwise than expected, or passes, fails the run
   --strict           SHOULD cases fail the run too
@@ -63,6 +66,7 @@ struct Options {
     seed: u64,
     junit: Option<std::path::PathBuf>,
     json: Option<std::path::PathBuf>,
+    certificate: Option<std::path::PathBuf>,
     expect: Vec<Expected>,
     strict: bool,
     keep_logs: std::path::PathBuf,
@@ -196,6 +200,7 @@ fn parse(args: &[String]) -> Result<Asked, String> {
     let mut only = None;
     let mut junit = None;
     let mut json = None;
+    let mut certificate = None;
     let mut expect = Vec::new();
     let mut strict = false;
     let mut seed = None;
@@ -214,6 +219,7 @@ fn parse(args: &[String]) -> Result<Asked, String> {
             "--seed" => seed = Some(seed_of(&value("a number")?)?),
             "--junit" => junit = Some(value("a file")?.into()),
             "--json" => json = Some(value("a file")?.into()),
+            "--certificate" => certificate = Some(value("a file")?.into()),
             "--expect" => {
                 let file = value("a file")?;
                 let text =
@@ -240,6 +246,7 @@ fn parse(args: &[String]) -> Result<Asked, String> {
         seed,
         junit,
         json,
+        certificate,
         expect,
         strict,
         keep_logs,
@@ -376,6 +383,80 @@ fn junit(ran: &[Ran], o: &Options, replay: &str, seconds: f64) -> String {
     s
 }
 
+/// Now, RFC 3339 in UTC to the second.
+fn utc_now() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64);
+    let (y, m, d) = result_inbox::canonical::date_from_epoch_days(secs.div_euclid(86_400));
+    let t = secs.rem_euclid(86_400);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        t / 3600,
+        t / 60 % 60,
+        t % 60
+    )
+}
+
+/// The SHA-256 of this program's own binary, hex: which kit judged.
+fn own_sha256() -> String {
+    std::env::current_exe()
+        .and_then(std::fs::read)
+        .map(|bytes| result_inbox::Digest::of(&bytes).to_hex())
+        .unwrap_or_else(|e| format!("unknown ({e})"))
+}
+
+/// The first line `CMD --version` prints, run as the kit runs the receiver (`sh -c`, in a
+/// process group of its own, with only PATH and HOME), if it exits 0 within 10 s having printed
+/// one. A receiver without `--version` is not at fault: the certificate says null.
+fn receiver_version(receiver: &str) -> Option<String> {
+    use std::os::unix::process::CommandExt;
+    let mut cmd = std::process::Command::new("sh");
+    cmd.arg("-c")
+        .arg(format!("{receiver} \"$@\""))
+        .args(["receiver", "--version"])
+        .env_clear()
+        .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .process_group(0);
+    #[allow(clippy::disallowed_methods)] // the kit passes its own HOME on, as to every case
+    if let Some(home) = std::env::var_os("HOME") {
+        cmd.env("HOME", home);
+    }
+    let mut child = cmd.spawn().ok()?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match child.try_wait() {
+            Ok(Some(status)) if status.success() => break,
+            Ok(Some(_)) | Err(_) => return None,
+            Ok(None) if Instant::now() > deadline => {
+                let _ = nix::sys::signal::killpg(
+                    nix::unistd::Pid::from_raw(child.id() as i32),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+                let _ = child.wait();
+                return None;
+            }
+            Ok(None) => std::thread::sleep(Duration::from_millis(20)),
+        }
+    }
+    let mut out = String::new();
+    use std::io::Read;
+    child
+        .stdout
+        .take()?
+        .take(4096)
+        .read_to_string(&mut out)
+        .ok()?;
+    out.lines()
+        .next()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .map(str::to_owned)
+}
+
 fn shell_quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', "'\\''"))
 }
@@ -391,7 +472,7 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    for file in o.junit.iter().chain(&o.json) {
+    for file in o.junit.iter().chain(&o.json).chain(&o.certificate) {
         if let Err(e) = report::prepare(file) {
             eprintln!("conformance: {e}");
             return ExitCode::from(2);
@@ -406,6 +487,7 @@ fn main() -> ExitCode {
         if o.strict { " --strict" } else { "" }
     );
     let started = Instant::now();
+    let started_at = utc_now();
     let selected: Vec<_> = cases()
         .into_iter()
         .filter(|c| {
@@ -559,6 +641,26 @@ fn main() -> ExitCode {
         }
         println!("json: {}", file.display());
     }
+    if let Some(file) = &o.certificate {
+        let results: Vec<CaseResult<'_>> = ran.iter().map(Ran::result).collect();
+        let version = receiver_version(&o.receiver);
+        let facts = report::Facts {
+            receiver: &o.receiver,
+            receiver_version: version.as_deref(),
+            kit_sha256: &own_sha256(),
+            // The description starts with the server's `VERSION()`, then how it runs.
+            database_server: server.split(" (").next().unwrap_or(&server),
+            seed: o.seed,
+            started_at: &started_at,
+        };
+        let c = report::certificate(&facts, seconds, &results);
+        let text = serde_json::to_string_pretty(&c).unwrap_or_default();
+        if let Err(e) = std::fs::write(file, text + "\n") {
+            eprintln!("conformance: cannot write {}: {e}", file.display());
+            return ExitCode::from(2);
+        }
+        println!("certificate: {}", file.display());
+    }
     if failing.is_empty() {
         ExitCode::SUCCESS
     } else {
@@ -667,6 +769,7 @@ mod tests {
             seed: 7,
             junit: None,
             json: None,
+            certificate: None,
             expect: Vec::new(),
             strict: false,
             keep_logs: DEFAULT_KEEP_LOGS.into(),
@@ -743,6 +846,8 @@ mod tests {
             "run: unknown argument `--bogus` (`conformance run --help`)"
         );
         assert!(err(&["mutants"]).starts_with("mutants: --receiver-mutant is required"));
+        assert!(err(&["run", "--receiver", "r", "--certificate"])
+            .starts_with("--certificate needs a file"));
         assert_eq!(
             err(&["frob"]),
             "unknown command `frob`; the commands are run, mutants, list (`conformance --help`)"

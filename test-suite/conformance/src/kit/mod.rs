@@ -59,20 +59,31 @@ impl Level {
         }
     }
 
-    /// The level of a failure whose message is `why`, in a case of this level: the level of
-    /// the rule the message names first (R-KIT-4), never lower than the case's. A SHOULD case
-    /// that finds a MUST rule broken (an ACK with no committed row seen during the outage
-    /// case, say) fails the run without `--strict`; a message naming no rule (the kit's own
-    /// error) keeps the case's level.
+    /// The level of a failure whose message is `why`, in a case of this level: the highest of
+    /// the rules the message names anywhere (R-KIT-4), never lower than the case's. What a
+    /// case found decides, not what it was about: a SHOULD case whose ledger finds an ACK
+    /// without a committed row (R-STORE-7), a view moved backwards or an event applied twice
+    /// fails the run without `--strict`, whichever rule its message names first. A message
+    /// naming no rule (the kit's own error) keeps the case's level.
     pub fn of_failure(self, why: &str) -> Level {
-        if self == Level::Must {
-            return Level::Must;
-        }
-        match rule_named(why) {
-            Some(rule) if !SHOULD_RULES.contains(&rule) => Level::Must,
-            _ => self,
+        if self == Level::Must || rules_named(why).any(|rule| !SHOULD_RULES.contains(&rule)) {
+            Level::Must
+        } else {
+            self
         }
     }
+}
+
+/// Every rule named in a failure's message (`R-STORE-7`, `R-CANON-2`), in order.
+pub fn rules_named(why: &str) -> impl Iterator<Item = &str> {
+    why.match_indices("R-").filter_map(|(at, _)| {
+        // A rule starts a word: not the tail of another token.
+        let starts_word = why[..at]
+            .chars()
+            .next_back()
+            .is_none_or(|c| !c.is_ascii_alphanumeric() && c != '-');
+        starts_word.then(|| rule_named(&why[at..])).flatten()
+    })
 }
 
 /// The rule a failure's message begins with (`R-STORE-7` of "R-STORE-7: …" or
@@ -333,6 +344,22 @@ mod tests {
             Level::Should
         );
         assert_eq!(Level::Must.of_failure("R-CLI-5: x"), Level::Must);
+        // What was found decides: a SHOULD case whose ledger found lost data fails the run.
+        assert_eq!(
+            should.of_failure(
+                "R-STORE-9: the ledger found 1 problem(s): event e: ACKED without a committed inbox row (R-STORE-7: ACK only after COMMIT)"
+            ),
+            Level::Must
+        );
+        assert_eq!(
+            should.of_failure("R-STORE-9: held 3 s; see R-STORE-12 and R-CLI-5"),
+            Level::Should
+        );
+        // Only whole rule names count.
+        assert_eq!(
+            rules_named("R-STORE-9: x (R-STORE-7) and XR-CANON-2, R-").collect::<Vec<_>>(),
+            ["R-STORE-9", "R-STORE-7"]
+        );
         // Every SHOULD case names SHOULD rules first, so that its own failure stays a SHOULD.
         for case in cases().into_iter().filter(|c| c.level == Level::Should) {
             let first = case.rules.split(' ').next().unwrap_or_default();

@@ -168,6 +168,66 @@ pub fn json(
     })
 }
 
+/// What a certificate says of the run besides its cases: who judged what, where.
+#[derive(Debug)]
+pub struct Facts<'a> {
+    /// The receiver's command line, as given to `--receiver`.
+    pub receiver: &'a str,
+    /// The first line `CMD --version` printed, when it printed one and exited 0.
+    pub receiver_version: Option<&'a str>,
+    /// The SHA-256 of the kit's own binary.
+    pub kit_sha256: &'a str,
+    /// The database server the cases' databases were on (`SELECT VERSION()`'s text).
+    pub database_server: &'a str,
+    pub seed: u64,
+    /// When the run started, RFC 3339 UTC.
+    pub started_at: &'a str,
+}
+
+/// The version of the certificate's format (docs/certificate.schema.json).
+pub const CERTIFICATE_VERSION: u32 = 1;
+
+/// A certificate of the run: one JSON document a team can publish beside its receiver
+/// (docs/conformance-kit.md, "A certificate"; its schema is docs/certificate.schema.json). It
+/// states the kit that judged (version, contract, the binary's SHA-256), the receiver it
+/// judged (command, version line), the database and the seed, every case's verdict, and the
+/// run's verdict both plain and under `--strict`.
+pub fn certificate(facts: &Facts<'_>, seconds: f64, cases: &[CaseResult<'_>]) -> serde_json::Value {
+    let verdict = |strict: bool| {
+        if cases.iter().any(|c| c.outcome().fails_run(c.level, strict)) {
+            "fail"
+        } else {
+            "pass"
+        }
+    };
+    serde_json::json!({
+        "certificate_version": CERTIFICATE_VERSION,
+        "kit": {
+            "name": "result-inbox conformance kit",
+            "version": env!("CARGO_PKG_VERSION"),
+            "contract_version": super::CONTRACT_VERSION,
+            "sha256": facts.kit_sha256,
+        },
+        "receiver": {
+            "command": facts.receiver,
+            "version": facts.receiver_version,
+        },
+        "database": { "server": facts.database_server },
+        "seed": facts.seed,
+        "started_at": facts.started_at,
+        "seconds": (seconds * 10.0).round() / 10.0,
+        "cases": cases.iter().map(|c| serde_json::json!({
+            "name": c.name,
+            "level": c.level.as_str(),
+            "rules": c.rules.split_whitespace().collect::<Vec<_>>(),
+            "verdict": c.outcome().as_str().to_ascii_lowercase(),
+            "seconds": (c.seconds * 10.0).round() / 10.0,
+            "message": match c.verdict { Ok(m) | Err(m) => m },
+        })).collect::<Vec<_>>(),
+        "verdict": { "plain": verdict(false), "strict": verdict(true) },
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

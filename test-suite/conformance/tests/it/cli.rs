@@ -672,3 +672,153 @@ fi"#
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Lost data fails a plain run whichever case finds it: `database-restart` is a SHOULD case
+/// (R-STORE-9), and a receiver that ACKs before its COMMIT (the `ack-before-commit` mutant)
+/// loses the events its database never got. The case's ledger finds them; the failure names
+/// R-STORE-7 first, takes its level (MUST) and fails the run without `--strict`.
+#[test]
+fn a_should_case_that_finds_lost_data_fails_a_plain_run() {
+    let dir = testdb::scratch_dir().unwrap().join("kit-lost-data");
+    std::fs::create_dir_all(&dir).unwrap();
+    let mutant = conformance::workspace_bin("receiver-mutant");
+    let out = bare_command(&conformance::workspace_bin("conformance"))
+        .env("PATH", "/usr/bin:/bin")
+        .args(["run", "--receiver"])
+        .arg(format!(
+            "env RECEIVER_MUTANT=ack-before-commit {}",
+            mutant.display()
+        ))
+        .args(["--only", "database-restart", "--keep-logs"])
+        .arg(dir.join("logs"))
+        .output()
+        .expect("the kit runs");
+    let stdout = text(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "a plain run must fail: {stdout}"
+    );
+    let failed = stdout
+        .lines()
+        .find(|l| l.starts_with("FAILED database-restart"))
+        .unwrap_or_else(|| panic!("{stdout}"));
+    assert!(
+        failed.starts_with(
+            "FAILED database-restart [MUST] (a MUST rule, found by a SHOULD case: it fails the run without --strict): R-STORE-7: the ledger found "
+        ),
+        "{failed}"
+    );
+    assert!(
+        failed.contains("ACKED without a committed inbox row"),
+        "{failed}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// `--certificate FILE`: one JSON document, valid against docs/certificate.schema.json (checked
+/// with Python's `jsonschema`), that names the kit that judged by its binary's SHA-256, our
+/// receiver by its `--version` line, the server, the seed, each case and both verdicts.
+#[test]
+fn a_certificate_states_who_judged_what_and_matches_its_schema() {
+    let dir = testdb::scratch_dir().unwrap().join("kit-certificate");
+    std::fs::create_dir_all(&dir).unwrap();
+    let certificate = dir.join("out/cert.json");
+    let kit = conformance::workspace_bin("conformance");
+    let out = bare_command(&kit)
+        .env("PATH", "/usr/bin:/bin")
+        .args(["run", "--receiver"])
+        .arg(receiver_bin())
+        .args(["--only", "schema,duplicate", "--seed", "7", "--certificate"])
+        .arg(&certificate)
+        .arg("--keep-logs")
+        .arg(dir.join("logs"))
+        .output()
+        .expect("the kit runs");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stdout));
+    let schema =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/certificate.schema.json");
+    let valid = std::process::Command::new("python3")
+        .args([
+            "-c",
+            "import json, sys, jsonschema; jsonschema.Draft202012Validator(json.load(open(sys.argv[1]))).validate(json.load(open(sys.argv[2]))); print('valid')",
+        ])
+        .arg(&schema)
+        .arg(&certificate)
+        .output()
+        .expect("python3 runs");
+    assert_eq!(text(&valid.stdout), "valid\n", "{}", text(&valid.stderr));
+    let c: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&certificate).unwrap()).unwrap();
+    let sha = std::process::Command::new("sha256sum")
+        .arg(&kit)
+        .output()
+        .unwrap();
+    let sha = text(&sha.stdout)
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .to_owned();
+    assert_eq!(c["kit"]["sha256"], sha.as_str());
+    assert_eq!(c["kit"]["version"], env!("CARGO_PKG_VERSION"));
+    assert_eq!(c["kit"]["contract_version"], about::CONTRACT_VERSION);
+    assert_eq!(
+        c["receiver"]["command"],
+        receiver_bin().display().to_string()
+    );
+    let line = receiver(&["--version"], &[]);
+    assert_eq!(
+        c["receiver"]["version"],
+        text(&line.stdout).trim_end(),
+        "the receiver's own --version line"
+    );
+    assert!(text(&line.stdout).starts_with("receiver 0.1.0 (commit "));
+    assert!(
+        c["database"]["server"]
+            .as_str()
+            .unwrap()
+            .contains("MariaDB"),
+        "{}",
+        c["database"]
+    );
+    assert_eq!(c["seed"], 7);
+    let cases: Vec<&str> = c["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(cases, ["schema", "duplicate"]);
+    assert!(c["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|x| x["verdict"] == "passed"));
+    assert_eq!(c["verdict"]["plain"], "pass");
+    assert_eq!(c["verdict"]["strict"], "pass");
+    // A receiver with no --version is not at fault: null.
+    let script = dir.join("plain.sh");
+    std::fs::write(
+        &script,
+        format!(
+            "[ \"$1\" = --version ] && exit 2\nexec {} \"$@\"\n",
+            receiver_bin().display()
+        ),
+    )
+    .unwrap();
+    let out = bare_command(&kit)
+        .env("PATH", "/usr/bin:/bin")
+        .args(["run", "--receiver"])
+        .arg(format!("sh {}", script.display()))
+        .args(["--only", "duplicate", "--certificate"])
+        .arg(&certificate)
+        .arg("--keep-logs")
+        .arg(dir.join("logs"))
+        .output()
+        .expect("the kit runs");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stdout));
+    let c: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&certificate).unwrap()).unwrap();
+    assert!(c["receiver"]["version"].is_null(), "{}", c["receiver"]);
+    std::fs::remove_dir_all(&dir).unwrap();
+}

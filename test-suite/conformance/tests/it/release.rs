@@ -287,6 +287,9 @@ fn make_install_honours_destdir_with_the_default_prefix() {
         assert!(dir.join(file).is_file(), "{file} is not installed");
     }
     let unit = read(&dir.join("usr/local/lib/systemd/system/receiver-consume.service"));
-    assert!(unit.contains("exec /usr/local/bin/receiver consume"), "{unit}");
+    assert!(
+        unit.contains("exec /usr/local/bin/receiver consume"),
+        "{unit}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
