@@ -22,7 +22,7 @@ const GOOD_WITHIN: Duration = Duration::from_secs(30);
 pub(crate) async fn after_failures(ctx: Ctx) -> Verdict {
     let mut w = World::start_with(&ctx, SHORT_LEASE, 2).await;
     let proxy = w.behind_proxy().await;
-    let _p = w.running().await?;
+    let p = w.running().await?;
     // An applied event, whose id the conflicts reuse with other content.
     let (_, applied) = w.cancelled_and_acked("R-STORE-7").await?;
     // The next COMMIT's OK is dropped (its outcome unknown to the receiver), and the one after
@@ -62,29 +62,27 @@ pub(crate) async fn after_failures(ctx: Ctx) -> Verdict {
     for _ in 0..CONFLICTS {
         burst.extend(w.forge(&applied, true, None).1);
     }
-    let mut good: Vec<DeliveryId> = Vec::new();
+    let mut good: Vec<(String, DeliveryId)> = Vec::new();
     for i in 0..GOOD {
-        good.extend(w.inject(&event("good", i)).1);
+        let (key, ids) = w.inject(&event("good", i));
+        good.extend(ids.into_iter().map(|id| (key.clone(), id)));
     }
-    if let Err(why) = w.acked(&good, GOOD_WITHIN, "R-CLI-6").await {
+    let ids: Vec<DeliveryId> = good.iter().map(|(_, id)| id.clone()).collect();
+    if let Err(why) = w.acked(&ids, GOOD_WITHIN, "R-CLI-6").await {
         if why.starts_with("R-CLI-3") {
             return Err(why); // consume exited: that message says so
         }
-        let (mut never, mut unfinished) = (0, 0);
-        for id in &good {
+        let mut found = Unacked::default();
+        for (key, id) in &good {
             let d = w.delivery(id).await;
             match (d.state.as_str(), d.attempts) {
                 ("ACKED", _) => {}
-                ("PENDING", 0) => never += 1,
-                _ => unfinished += 1,
+                ("PENDING", 0) => found.never += 1,
+                ("EXPIRED", attempts) => found.expired.push((key.clone(), attempts)),
+                _ => found.unfinished += 1,
             }
         }
-        return Err(format!(
-            "R-CLI-6: after a burst of failed deliveries ({REFUSED} refused, {CONFLICTS} conflicts, a COMMIT whose answer was lost, one held {} s past the apply's budget), {} of {GOOD} good deliveries that followed were not ACKED within {} s: {never} never taken, {unfinished} taken and not finished; the receiver stopped taking deliveries (a failed delivery must cost only itself)",
-            COMMIT_HELD_MS / 1000,
-            never + unfinished,
-            GOOD_WITHIN.as_secs()
-        ));
+        return Err(found.verdict(&p.output()));
     }
     // The two whose COMMITs were lost or held are resolved by their redeliveries too.
     w.acked(
@@ -111,4 +109,103 @@ pub(crate) async fn after_failures(ctx: Ctx) -> Verdict {
         if fired[0] { "a lost COMMIT answer" } else { "no COMMIT to lose" },
         if fired[1] { format!("a COMMIT held {} s", COMMIT_HELD_MS / 1000) } else { "no COMMIT to hold".to_owned() },
     ))
+}
+
+/// The good deliveries of `after-failures` that were not ACKED, by what became of them.
+#[derive(Debug, Default)]
+struct Unacked {
+    /// Never leased.
+    never: usize,
+    /// Leased, and still LEASED or PENDING again.
+    unfinished: usize,
+    /// Each attempt failed until the budget was spent: event id, attempts.
+    expired: Vec<(String, u32)>,
+}
+
+impl Unacked {
+    /// The failure, saying what became of them: a receiver that stopped taking deliveries is
+    /// one thing; one that took each and failed every attempt (an abandoned transaction still
+    /// holding the row its redelivery needs, say) is another, and the message says which,
+    /// with the receiver's own lines for the first expired event.
+    fn verdict(&self, output: &str) -> String {
+        let burst = format!(
+            "after a burst of failed deliveries ({REFUSED} refused, {CONFLICTS} conflicts, a COMMIT whose answer was lost, one held {} s past the apply's budget)",
+            COMMIT_HELD_MS / 1000
+        );
+        let missing = self.never + self.unfinished + self.expired.len();
+        let mut why = format!(
+            "R-CLI-6: {burst}, {missing} of {GOOD} good deliveries that followed were not ACKED within {} s: {} never taken, {} taken and not finished, {} EXPIRED",
+            GOOD_WITHIN.as_secs(),
+            self.never,
+            self.unfinished,
+            self.expired.len()
+        );
+        match self.expired.first() {
+            Some((key, attempts)) if self.never == 0 && self.unfinished == 0 => {
+                why.push_str(&format!(
+                    "; the receiver did take them, and every attempt failed until the budget was spent (event {key}: {attempts} attempt(s); the receiver's lines for it: {}): does an apply that gives up leave its transaction open on the server, holding the rows the redelivery needs? (docs/receiver-contract.md, \"Deadlines\")",
+                    lines_naming(output, key)
+                ));
+            }
+            Some((key, attempts)) => why.push_str(&format!(
+                "; the receiver stopped taking deliveries (a failed delivery must cost only itself); the first EXPIRED, event {key}, after {attempts} attempt(s): {}",
+                lines_naming(output, key)
+            )),
+            None => why.push_str(
+                "; the receiver stopped taking deliveries (a failed delivery must cost only itself)",
+            ),
+        }
+        why
+    }
+}
+
+/// The receiver's last three lines naming `key`, shortened, or that it printed none.
+fn lines_naming(output: &str, key: &str) -> String {
+    let lines: Vec<String> = output
+        .lines()
+        .filter(|l| l.contains(key))
+        .map(|l| l.chars().take(200).collect())
+        .collect();
+    if lines.is_empty() {
+        return "none names it".into();
+    }
+    lines[lines.len().saturating_sub(3)..].join(" | ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn expired_deliveries_are_told_from_a_stalled_receiver() {
+        let output =
+            "applied evt-1\nerror event=good-7 timeout after 5 s\nerror event=good-7 lock wait\n";
+        let expired = Unacked {
+            expired: vec![("good-7".into(), 2)],
+            ..Unacked::default()
+        }
+        .verdict(output);
+        assert!(expired.starts_with("R-CLI-6: "), "{expired}");
+        assert!(
+            expired.contains("0 never taken, 0 taken and not finished, 1 EXPIRED"),
+            "{expired}"
+        );
+        assert!(expired.contains("the receiver did take them"), "{expired}");
+        assert!(
+            expired.contains("event good-7: 2 attempt(s); the receiver's lines for it: error event=good-7 timeout after 5 s | error event=good-7 lock wait"),
+            "{expired}"
+        );
+        assert!(!expired.contains("stopped taking deliveries"), "{expired}");
+        let stalled = Unacked {
+            never: 18,
+            ..Unacked::default()
+        }
+        .verdict(output);
+        assert!(stalled.contains("18 never taken"), "{stalled}");
+        assert!(
+            stalled.contains("the receiver stopped taking deliveries"),
+            "{stalled}"
+        );
+        assert_eq!(lines_naming(output, "good-9"), "none names it");
+    }
 }
