@@ -265,7 +265,18 @@ fn the_walkthrough_runs_from_the_release_package_on_a_clean_debian() {
 #[test]
 fn make_install_honours_destdir_with_the_default_prefix() {
     let dir = scratch("make-install");
-    let out = Command::new("make")
+    // As a person's shell runs it: PATH and HOME only. The variables cargo gives the programs
+    // it runs (this test's runner is one) would make the nested cargo rebuild the release
+    // binary, as if for another configuration.
+    let mut make = Command::new("make");
+    make.env_clear();
+    #[allow(clippy::disallowed_methods)] // the test hands its own PATH and HOME on
+    for var in ["PATH", "HOME", "RUSTUP_HOME", "CARGO_HOME"] {
+        if let Some(value) = std::env::var_os(var) {
+            make.env(var, value);
+        }
+    }
+    let out = make
         .args(["-s", "install"])
         .arg(format!("DESTDIR={}", dir.display()))
         .current_dir(repo())
