@@ -101,6 +101,13 @@ const LOCAL_ONLY: &[(&str, &str)] = &[
     ),
 ];
 
+/// On the container run: suites whose tests start no database server, and why; the container
+/// backend has nothing to prove there, and every suite it runs must have a container server.
+const NO_SERVER: &[(&str, &str)] = &[(
+    "release",
+    "its tests install files and read the docs; its walkthrough runs on a clean container after the suites",
+)];
+
 /// A suite run a second time, under a name of its own, with one variable set.
 struct Variant {
     name: &'static str,
@@ -480,7 +487,7 @@ struct Plan {
     options: Options,
     bin: PathBuf,
     suites: BTreeMap<String, Vec<String>>,
-    not_run: Vec<(&'static str, usize, &'static str)>,
+    not_run: Vec<(&'static str, usize, &'static str, &'static str)>,
 }
 
 /// Builds the test binary, lists its suites and keeps those `options` asks for.
@@ -511,9 +518,17 @@ fn plan(options: Options) -> Result<Plan, String> {
     }
     let mut not_run = Vec::new();
     if options.containers {
-        for (suite, why) in LOCAL_ONLY {
-            if let Some(tests) = suites.remove(*suite) {
-                not_run.push((*suite, tests.len(), *why));
+        let skipped = LOCAL_ONLY
+            .iter()
+            .map(|(suite, why)| (*suite, "needs a local server", *why))
+            .chain(
+                NO_SERVER
+                    .iter()
+                    .map(|(suite, why)| (*suite, "starts no server", *why)),
+            );
+        for (suite, needs, why) in skipped {
+            if let Some(tests) = suites.remove(suite) {
+                not_run.push((suite, tests.len(), needs, why));
             }
         }
     }
@@ -597,7 +612,7 @@ fn run_suites(run: Run, plan: Plan) -> Vec<Outcome> {
 /// it should have had.
 fn report(
     results: &[Outcome],
-    not_run: &[(&'static str, usize, &'static str)],
+    not_run: &[(&'static str, usize, &'static str, &'static str)],
     containers: bool,
     started: Instant,
 ) -> bool {
@@ -609,7 +624,7 @@ fn report(
     let w = results
         .iter()
         .map(|o| o.suite.len())
-        .chain(not_run.iter().map(|(s, _, _)| s.len()))
+        .chain(not_run.iter().map(|(s, ..)| s.len()))
         .max()
         .unwrap_or(0)
         .max(14);
@@ -644,9 +659,9 @@ fn report(
             w = w
         );
     }
-    for (suite, tests, _) in not_run {
+    for (suite, tests, needs, _) in not_run {
         println!(
-            "{suite:<w$} {tests:>6} {:>7} {:>7} {:>8} {:>8}  not run: needs a local server",
+            "{suite:<w$} {tests:>6} {:>7} {:>7} {:>8} {:>8}  not run: {needs}",
             "-",
             "-",
             "-",
@@ -665,7 +680,7 @@ fn report(
         started.elapsed().as_secs_f64(),
         w = w
     );
-    for (suite, _, why) in not_run {
+    for (suite, _, _, why) in not_run {
         println!("containers: {suite} not run (make integration runs it): {why}");
     }
     for o in results {
