@@ -573,15 +573,24 @@ fn kit_case_with(name: &str, case: &str, line: &str) -> (std::path::PathBuf, std
         format!("{line}\nexec {} \"$@\"\n", receiver_bin().display()),
     )
     .unwrap();
-    let out = bare_command(&conformance::workspace_bin("conformance"))
-        .env("PATH", "/usr/bin:/bin")
-        .args(["run", "--receiver"])
-        .arg(format!("sh {}", wrapper.display()))
-        .args(["--only", case, "--keep-logs"])
-        .arg(dir.join("logs"))
-        .output()
-        .expect("the kit runs");
+    let out = kit_run(
+        &format!("sh {}", wrapper.display()),
+        &["--only", case],
+        &dir.join("logs"),
+    );
     (dir, out)
+}
+
+/// `conformance run --receiver RECEIVER ARGS --keep-logs LOGS`, as a user runs it (PATH only).
+fn kit_run(receiver: &str, args: &[&str], logs: &std::path::Path) -> std::process::Output {
+    bare_command(&conformance::workspace_bin("conformance"))
+        .env("PATH", "/usr/bin:/bin")
+        .args(["run", "--receiver", receiver])
+        .args(args)
+        .arg("--keep-logs")
+        .arg(logs)
+        .output()
+        .expect("the kit runs")
 }
 
 /// The kit, run as a user would, against a receiver whose `consume` prints a line and exits 7
@@ -682,17 +691,11 @@ fn a_should_case_that_finds_lost_data_fails_a_plain_run() {
     let dir = testdb::scratch_dir().unwrap().join("kit-lost-data");
     std::fs::create_dir_all(&dir).unwrap();
     let mutant = conformance::workspace_bin("receiver-mutant");
-    let out = bare_command(&conformance::workspace_bin("conformance"))
-        .env("PATH", "/usr/bin:/bin")
-        .args(["run", "--receiver"])
-        .arg(format!(
-            "env RECEIVER_MUTANT=ack-before-commit {}",
-            mutant.display()
-        ))
-        .args(["--only", "database-restart", "--keep-logs"])
-        .arg(dir.join("logs"))
-        .output()
-        .expect("the kit runs");
+    let out = kit_run(
+        &format!("env RECEIVER_MUTANT=ack-before-commit {}", mutant.display()),
+        &["--only", "database-restart"],
+        &dir.join("logs"),
+    );
     let stdout = text(&out.stdout);
     assert_eq!(
         out.status.code(),
@@ -725,16 +728,19 @@ fn a_certificate_states_who_judged_what_and_matches_its_schema() {
     std::fs::create_dir_all(&dir).unwrap();
     let certificate = dir.join("out/cert.json");
     let kit = conformance::workspace_bin("conformance");
-    let out = bare_command(&kit)
-        .env("PATH", "/usr/bin:/bin")
-        .args(["run", "--receiver"])
-        .arg(receiver_bin())
-        .args(["--only", "schema,duplicate", "--seed", "7", "--certificate"])
-        .arg(&certificate)
-        .arg("--keep-logs")
-        .arg(dir.join("logs"))
-        .output()
-        .expect("the kit runs");
+    let cert = certificate.display().to_string();
+    let out = kit_run(
+        &receiver_bin().display().to_string(),
+        &[
+            "--only",
+            "schema,duplicate",
+            "--seed",
+            "7",
+            "--certificate",
+            &cert,
+        ],
+        &dir.join("logs"),
+    );
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stdout));
     let schema =
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/certificate.schema.json");
@@ -806,16 +812,11 @@ fn a_certificate_states_who_judged_what_and_matches_its_schema() {
         ),
     )
     .unwrap();
-    let out = bare_command(&kit)
-        .env("PATH", "/usr/bin:/bin")
-        .args(["run", "--receiver"])
-        .arg(format!("sh {}", script.display()))
-        .args(["--only", "duplicate", "--certificate"])
-        .arg(&certificate)
-        .arg("--keep-logs")
-        .arg(dir.join("logs"))
-        .output()
-        .expect("the kit runs");
+    let out = kit_run(
+        &format!("sh {}", script.display()),
+        &["--only", "duplicate", "--certificate", &cert],
+        &dir.join("logs"),
+    );
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stdout));
     let c: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&certificate).unwrap()).unwrap();
