@@ -102,11 +102,35 @@ pub enum Mutant {
     /// apply budget (5 s) and a margin, instead of cutting the budget to fit: under a short
     /// lease it exits at once, with one clear line (R-CLI-3).
     ExitsOnShortLease,
+    /// Task versions are compared as their decimal text, so 10 is below 9 (R-STORE-6).
+    TextVersionOrder,
+    /// Task versions are compared as signed 64-bit integers, so 2^63 and above are below
+    /// every smaller version (R-STORE-6).
+    SignedVersions,
+    /// A stale event leaves the view's version alone but writes its result into the view
+    /// (R-STORE-6: a stale event changes no column of the view).
+    StaleWritesResult,
+    /// A same-id event is compared with the stored digest only when the stored original was
+    /// applied: under an original recorded stale, any content is taken for a duplicate
+    /// (R-STORE-4).
+    NoDigestCompareWhenStale,
+    /// The view's result is cut at 65,535 bytes, as a 64 KiB `TEXT` or `BLOB` column under a
+    /// session without strict mode does (R-SCHEMA-4).
+    CutsLargeResults,
+    /// A task version written with a fraction or an exponent (`1.0`, `1e0`, `2E+1`) is read
+    /// as the whole number it equals instead of refused (R-CANON-3).
+    LenientVersions,
+    /// After an event advances its view, every view of the same task id is moved to it too,
+    /// whatever their consumer name and queue (R-SCHEMA-3).
+    ViewByTaskAlone,
+    /// On SIGTERM, every delivery whose apply is still running is reported applied at once,
+    /// so the SDK ACKs it before its COMMIT is answered (R-STORE-7).
+    AcksOnSigterm,
 }
 
 impl Mutant {
     /// Every mutant, in the order the kit reports them.
-    pub const ALL: [Mutant; 31] = [
+    pub const ALL: [Mutant; 39] = [
         Mutant::AckBeforeCommit,
         Mutant::InsertIgnore,
         Mutant::NoDigestCompare,
@@ -138,6 +162,14 @@ impl Mutant {
         Mutant::ReadBeforeLock,
         Mutant::StopsAfterFailures,
         Mutant::ExitsOnShortLease,
+        Mutant::TextVersionOrder,
+        Mutant::SignedVersions,
+        Mutant::StaleWritesResult,
+        Mutant::NoDigestCompareWhenStale,
+        Mutant::CutsLargeResults,
+        Mutant::LenientVersions,
+        Mutant::ViewByTaskAlone,
+        Mutant::AcksOnSigterm,
     ];
 
     /// The name `RECEIVER_MUTANT` takes.
@@ -174,6 +206,14 @@ impl Mutant {
             Mutant::ReadBeforeLock => "read-before-lock",
             Mutant::StopsAfterFailures => "stops-after-failures",
             Mutant::ExitsOnShortLease => "exits-on-short-lease",
+            Mutant::TextVersionOrder => "text-version-order",
+            Mutant::SignedVersions => "signed-versions",
+            Mutant::StaleWritesResult => "stale-writes-result",
+            Mutant::NoDigestCompareWhenStale => "no-digest-compare-when-stale",
+            Mutant::CutsLargeResults => "cuts-large-results",
+            Mutant::LenientVersions => "lenient-versions",
+            Mutant::ViewByTaskAlone => "view-by-task-alone",
+            Mutant::AcksOnSigterm => "acks-on-sigterm",
         }
     }
 
@@ -224,6 +264,33 @@ const UPSERT_VIEW_ANY_VERSION: &str = "INSERT INTO receiver_task_views \
 /// takes the delivered digest as its first parameter, like the store's).
 const READ_VERDICT_UNCHECKED: &str = "SELECT ? IS NOT NULL, event_digest, applied \
      FROM receiver_inbox WHERE consumer_name = ? AND queue_id = ? AND event_id = ?";
+
+/// [`Mutant::NoDigestCompareWhenStale`]'s verdict: "the same digest" whenever the stored
+/// original was not applied.
+const READ_VERDICT_APPLIED_ONLY: &str = "SELECT event_digest = ? OR applied = 0, event_digest, \
+     applied FROM receiver_inbox WHERE consumer_name = ? AND queue_id = ? AND event_id = ?";
+
+/// The view statement with every comparison of versions made on `cast(expression)` instead
+/// of the unsigned numbers ([`Mutant::TextVersionOrder`], [`Mutant::SignedVersions`]).
+fn versions_compared_as(cast: fn(&str) -> String) -> &'static str {
+    let (new, old) = (cast("VALUES(task_version)"), cast("task_version"));
+    leak(
+        Statements::STANDARD
+            .upsert_view
+            .replace(
+                "GREATEST(task_version, VALUES(task_version))",
+                &format!("IF({new} > {old}, VALUES(task_version), task_version)"),
+            )
+            .replace(
+                "VALUES(task_version) > task_version",
+                &format!("{new} > {old}"),
+            )
+            .replace(
+                "VALUES(task_version) < task_version",
+                &format!("{new} < {old}"),
+            ),
+    )
+}
 
 /// The statements a store of mutant `m` runs: the store's own, with the mutant's changes.
 /// Built once per process (each leaked string lives as long as the program anyway).
@@ -276,6 +343,34 @@ pub fn statements(m: Mutant) -> &'static Statements {
                             "IF(VALUES(task_version) > task_version OR (VALUES(task_version) = task_version AND VALUES(last_event_id) = last_event_id),",
                         ),
                 ),
+                ..standard
+            },
+            Mutant::TextVersionOrder => Statements {
+                upsert_view: versions_compared_as(|e| format!("CAST({e} AS CHAR)")),
+                ..standard
+            },
+            Mutant::SignedVersions => Statements {
+                upsert_view: versions_compared_as(|e| format!("CAST({e} AS SIGNED)")),
+                ..standard
+            },
+            // The result follows any version but the same one.
+            Mutant::StaleWritesResult => Statements {
+                upsert_view: leak(standard.upsert_view.replace(
+                    "last_result = IF(VALUES(task_version) > task_version,",
+                    "last_result = IF(VALUES(task_version) <> task_version,",
+                )),
+                ..standard
+            },
+            Mutant::NoDigestCompareWhenStale => Statements {
+                read_verdict: READ_VERDICT_APPLIED_ONLY,
+                ..standard
+            },
+            Mutant::CutsLargeResults => Statements {
+                upsert_view: leak(standard.upsert_view.replacen(
+                    "VALUES (?, ?, ?, ?, ?, ?, ?,",
+                    "VALUES (?, ?, ?, ?, ?, ?, LEFT(?, 65535),",
+                    1,
+                )),
                 ..standard
             },
             Mutant::LocalTime => Statements {

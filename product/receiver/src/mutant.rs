@@ -91,7 +91,7 @@ pub async fn consume(
         );
     }
     let mut config = config.clone();
-    if is(Mutant::SplitCommit) || is(Mutant::ReadBeforeLock) {
+    if is(Mutant::SplitCommit) || is(Mutant::ReadBeforeLock) || is(Mutant::ViewByTaskAlone) {
         let options =
             result_inbox::store::connect_options(&config.run.dsn).map_err(ConsumeError::Store)?;
         let _ = SPLIT_POOL.set(
@@ -140,6 +140,15 @@ pub async fn consume(
             }
         },
     };
+    let stop = async move {
+        let signal = stop.await;
+        if is(Mutant::AcksOnSigterm) {
+            // The running applies report success; the SDK sends their ACKs before it stops.
+            STOPPING.store(true, std::sync::atomic::Ordering::SeqCst);
+            tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        }
+        signal
+    };
     crate::consume::run_with(&config, stop, seams).await?;
     if is(Mutant::PauseOnSigterm) {
         let subscription = &config.subscription;
@@ -151,6 +160,21 @@ pub async fn consume(
         }
     }
     Ok(())
+}
+
+/// Set when a signal came ([`Mutant::AcksOnSigterm`]).
+static STOPPING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// What a handler that reports success without an apply returns.
+fn applied_at_once() -> Handled {
+    Handled {
+        classification: Classification::Applied,
+        event_id: None,
+        reasons: Default::default(),
+        detail: None,
+        suspect_database: false,
+        releasable: false,
+    }
 }
 
 /// How this build applies one event:
@@ -168,6 +192,9 @@ pub async fn consume(
 /// - [`Mutant::LostUpdate`] also writes the view from a read made before the transaction;
 /// - [`Mutant::SplitCommit`] commits the inbox row and the view apart ([`split_commit`]);
 /// - [`Mutant::StopsAfterFailures`] hangs every apply once three have failed;
+/// - [`Mutant::AcksOnSigterm`] reports a running apply applied once a signal came;
+/// - [`Mutant::LenientVersions`] applies a version such as `1.0` as the whole number;
+/// - [`Mutant::ViewByTaskAlone`] also moves every other view of the task after an apply;
 /// - the others apply as the program does (their changes are in the store's statements).
 fn apply<'a>(
     store: &'a Store,
@@ -198,14 +225,44 @@ fn apply<'a>(
             _ if early => {
                 let (store, raw) = (store.clone(), raw.to_vec());
                 tokio::spawn(async move { apply_raw(&store, &raw, Some(deadline)).await });
-                Handled {
-                    classification: Classification::Applied,
-                    event_id: None,
-                    reasons: Default::default(),
-                    detail: None,
-                    suspect_database: false,
-                    releasable: false,
+                applied_at_once()
+            }
+            Some(Mutant::AcksOnSigterm) => {
+                let stopping = async {
+                    while !STOPPING.load(std::sync::atomic::Ordering::SeqCst) {
+                        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                    }
+                };
+                tokio::select! {
+                    (_, h) = apply_raw(store, raw, Some(deadline)) => h,
+                    () = stopping => applied_at_once(),
                 }
+            }
+            Some(Mutant::LenientVersions) => {
+                let rewritten = std::str::from_utf8(raw).ok().and_then(whole_version);
+                let raw = rewritten.as_deref().map_or(raw, str::as_bytes);
+                apply_raw(store, raw, Some(deadline)).await.1
+            }
+            Some(Mutant::ViewByTaskAlone) => {
+                let h = apply_raw(store, raw, Some(deadline)).await.1;
+                if h.classification == Classification::Applied {
+                    if let (Ok(event), Some(pool)) = (parse(raw, store.queue()), SPLIT_POOL.get()) {
+                        // Names the task alone: every consumer's and queue's view of it.
+                        let _ = sqlx::query(
+                            "UPDATE receiver_task_views SET task_version = ?, last_event_id = ?, \
+                             last_state = ?, last_result = ? WHERE task_id = ? AND task_version < ?",
+                        )
+                        .bind(event.version())
+                        .bind(event.id().as_str())
+                        .bind(event.state().as_str())
+                        .bind(event.result())
+                        .bind(event.task().as_str())
+                        .bind(event.version())
+                        .execute(pool)
+                        .await;
+                    }
+                }
+                h
             }
             Some(Mutant::UnconfirmedIsSuccess) => {
                 let h = apply_raw(store, raw, Some(deadline)).await.1;
@@ -486,14 +543,35 @@ impl crate::config::Source for MutantEnv {
 /// The event [`Mutant::NoEventQueueCheck`] applies instead of `raw`: `raw` naming `queue`
 /// (`None` when `raw` is not a JSON object). Numbers are left as text (`RawValue`).
 fn with_queue(raw: &str, queue: &str) -> Option<String> {
+    with_member(raw, "queue_id", serde_json::Value::from(queue).to_string())
+}
+
+/// `raw` with member `name` set to the JSON text `value` (`None` when `raw` is not a JSON
+/// object). Other members are left as text (`RawValue`).
+fn with_member(raw: &str, name: &str, value: String) -> Option<String> {
     let mut event: std::collections::BTreeMap<String, Box<serde_json::value::RawValue>> =
         serde_json::from_str(raw).ok()?;
     event.insert(
-        "queue_id".into(),
-        serde_json::value::RawValue::from_string(serde_json::Value::from(queue).to_string())
-            .ok()?,
+        name.into(),
+        serde_json::value::RawValue::from_string(value).ok()?,
     );
     serde_json::to_string(&event).ok()
+}
+
+/// The event [`Mutant::LenientVersions`] applies instead of `raw`: its task version written
+/// with a fraction or an exponent replaced by the whole number it equals (`None` when it has
+/// none such).
+fn whole_version(raw: &str) -> Option<String> {
+    let event: std::collections::BTreeMap<String, Box<serde_json::value::RawValue>> =
+        serde_json::from_str(raw).ok()?;
+    let text = event.get("task_version")?.get();
+    if text.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let value: f64 = text.parse().ok()?;
+    (value >= 1.0 && value.fract() == 0.0 && value < 1e15)
+        .then(|| with_member(raw, "task_version", (value as u64).to_string()))
+        .flatten()
 }
 
 /// The event [`Mutant::FloatNumbers`] applies instead of `raw`: every number of its result

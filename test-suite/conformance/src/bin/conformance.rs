@@ -729,7 +729,7 @@ fn mutants(o: &MutantOptions) -> ExitCode {
         ));
     }
     println!(
-        "\n{:<26} {:<24} {:<11} {:>8} {:>8}",
+        "\n{:<28} {:<24} {:<11} {:>8} {:>8}",
         "mutant", "caught by", "rule", "result", "seconds"
     );
     for (mutant, case, rule, caught, seconds) in &rows {
@@ -739,10 +739,10 @@ fn mutants(o: &MutantOptions) -> ExitCode {
             (false, 1) => "MISSED".to_owned(),
             (false, n) => format!("MISSED {caught}/{n}"),
         };
-        println!("{mutant:<26} {case:<24} {rule:<11} {result:>8} {seconds:>8.1}");
+        println!("{mutant:<28} {case:<24} {rule:<11} {result:>8} {seconds:>8.1}");
     }
     println!(
-        "{:<26} {:<24} {:<11} {:>8} {:>8.1}  (wall clock; seeds {} to {})",
+        "{:<28} {:<24} {:<11} {:>8} {:>8.1}  (wall clock; seeds {} to {})",
         "total",
         format!("{} of {} caught", rows.len() - missed, rows.len()),
         "",

@@ -487,6 +487,16 @@ impl World {
         (key, deliveries)
     }
 
+    /// Injects `event` ([`Body`]) byte for byte: its platform key and its deliveries.
+    pub(crate) fn send(&self, event: &Body) -> (String, Vec<DeliveryId>) {
+        self.inject_body(&event.text())
+    }
+
+    /// A `task.started`-like event of this world's namespace and queue ([`Body::of`]).
+    pub(crate) fn event(&self, id: &str, task: &str, version: u64, kind: &str) -> Body {
+        Body::of(&self.namespace, id, task, version, kind)
+    }
+
     /// The deliveries of platform event `event` (its key).
     pub(crate) async fn deliveries_of(&self, event: &str) -> Vec<DeliveryId> {
         self.deliveries()
@@ -646,6 +656,160 @@ pub(crate) fn inherited() -> Vec<(&'static str, String)> {
             std::env::var(k).ok().map(|v| (k, v))
         })
         .collect()
+}
+
+/// An event's text, member by member, each a raw JSON value: what a case injects, with any
+/// member changed, added or left out (a malformed event is one change away from a good one).
+#[derive(Debug, Clone)]
+pub(crate) struct Body(Vec<(String, String)>);
+
+impl Body {
+    /// An event of `kind` (`task.started`, …) with the state its type requires, for `task` at
+    /// `version`, in `namespace` and the kit's queue.
+    pub(crate) fn of(namespace: &str, id: &str, task: &str, version: u64, kind: &str) -> Body {
+        let state = match kind {
+            "task.submitted" => "PENDING",
+            "task.succeeded" => "SUCCEEDED",
+            "task.failed" => "FAILED",
+            "task.cancelled" => "CANCELLED",
+            "task.needs_review" => "NEEDS_REVIEW",
+            _ => "RUNNING",
+        };
+        let text = |s: &str| serde_json::Value::from(s).to_string();
+        Body(vec![
+            ("id".into(), text(id)),
+            ("type".into(), text(kind)),
+            ("namespace".into(), text(namespace)),
+            ("queue_id".into(), text(QUEUE)),
+            ("task_id".into(), text(task)),
+            ("task_version".into(), version.to_string()),
+            ("state".into(), text(state)),
+            ("occurred_at".into(), text("2026-12-06T01:02:03.456Z")),
+        ])
+    }
+
+    /// This event with member `name` set to the raw JSON `raw` (added when absent).
+    pub(crate) fn with(mut self, name: &str, raw: impl Into<String>) -> Body {
+        let raw = raw.into();
+        match self.0.iter_mut().find(|(n, _)| n == name) {
+            Some((_, v)) => *v = raw,
+            None => self.0.push((name.into(), raw)),
+        }
+        self
+    }
+
+    /// This event with member `name` set to the string `text`.
+    pub(crate) fn with_text(self, name: &str, text: &str) -> Body {
+        self.with(name, serde_json::Value::from(text).to_string())
+    }
+
+    /// This event without member `name`.
+    pub(crate) fn without(mut self, name: &str) -> Body {
+        self.0.retain(|(n, _)| n != name);
+        self
+    }
+
+    /// The raw JSON of member `name`, if the event has one.
+    pub(crate) fn member(&self, name: &str) -> Option<&str> {
+        self.0
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// The event's text.
+    pub(crate) fn text(&self) -> String {
+        let members: Vec<String> = self
+            .0
+            .iter()
+            .map(|(n, v)| format!("{}:{v}", serde_json::Value::from(n.as_str())))
+            .collect();
+        format!("{{{}}}", members.join(","))
+    }
+}
+
+/// Every column of a view row as text, in [`VIEW_COLUMNS`]' order (`last_result` as its
+/// SHA-256, never its bytes), or `None` without a row.
+pub(crate) type ViewText = Option<Vec<Option<String>>>;
+
+/// The columns of a view row, in the order [`World::view_text`] reads them.
+pub(crate) const VIEW_COLUMNS: [&str; 7] = [
+    "task_version",
+    "last_event_id",
+    "last_state",
+    "last_result (its SHA-256)",
+    "applied_events",
+    "created_at",
+    "updated_at",
+];
+
+impl World {
+    /// Every column of the view of (`consumer`, `queue`, `task`) as text: versions and times
+    /// as the server writes them, ids and states as hex, the result as its SHA-256. Read so
+    /// for any column type a receiver chose (a signed version, a `TEXT` result).
+    pub(crate) async fn view_text(&self, consumer: &str, queue: &str, task: &str) -> ViewText {
+        let mut c = self.admin().await;
+        let row: Option<sqlx::mysql::MySqlRow> = sqlx::query(
+            "SELECT CAST(task_version AS CHAR), HEX(last_event_id), HEX(last_state), \
+               SHA2(last_result, 256), CAST(applied_events AS CHAR), CAST(created_at AS CHAR), \
+               CAST(updated_at AS CHAR) \
+             FROM receiver_task_views WHERE consumer_name = ? AND queue_id = ? AND task_id = ?",
+        )
+        .bind(consumer)
+        .bind(queue)
+        .bind(task)
+        .fetch_optional(&mut c)
+        .await
+        .expect("the view reads");
+        use sqlx::Row;
+        row.map(|r| {
+            (0..VIEW_COLUMNS.len())
+                .map(|i| {
+                    r.try_get::<Option<Vec<u8>>, _>(i)
+                        .ok()
+                        .flatten()
+                        .map(|b| String::from_utf8_lossy(&b).into_owned())
+                })
+                .collect()
+        })
+    }
+
+    /// [`World::view_text`] of the kit's consumer and queue.
+    pub(crate) async fn own_view_text(&self, task: &str) -> ViewText {
+        self.view_text(RECEIVER_NAME, QUEUE, task).await
+    }
+}
+
+/// The columns in which `after` differs from `before`, named, with both values (the result
+/// only as its SHA-256's first 12 hex digits).
+pub(crate) fn changed_columns(before: &[Option<String>], after: &[Option<String>]) -> String {
+    let show = |i: usize, v: &Option<String>| match v {
+        None => "NULL".to_owned(),
+        Some(v) if i == 3 => v.chars().take(12).collect(),
+        Some(v) if i == 1 || i == 2 => hex_text(v),
+        Some(v) => v.clone(),
+    };
+    let changed: Vec<String> = VIEW_COLUMNS
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| before.get(*i) != after.get(*i))
+        .map(|(i, name)| {
+            format!(
+                "{name} {} -> {}",
+                show(i, before.get(i).unwrap_or(&None)),
+                show(i, after.get(i).unwrap_or(&None))
+            )
+        })
+        .collect();
+    changed.join(", ")
+}
+
+/// Hex text as the bytes it spells, shown as text (ids and states are printable).
+pub(crate) fn hex_text(hex: &str) -> String {
+    let bytes: Vec<u8> = (0..hex.len() / 2)
+        .filter_map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).ok())
+        .collect();
+    String::from_utf8_lossy(&bytes).into_owned()
 }
 
 /// A view row as read: version, last event id, state, result, applied events.

@@ -114,6 +114,85 @@ pub(crate) async fn sigterm(ctx: Ctx) -> Verdict {
     ))
 }
 
+/// How long `sigterm-mid-apply` holds each of the first COMMITs before the server sees it.
+const HELD_COMMIT_MS: u64 = 3000;
+
+pub(crate) async fn sigterm_mid_apply(ctx: Ctx) -> Verdict {
+    // A lease long enough for an apply budget past the held COMMIT.
+    let mut w = World::start(&ctx, 10).await;
+    let proxy = w.behind_proxy().await;
+    let mut p = w.running().await?;
+    let rule = proxy
+        .arm(
+            RuleSpec::new(Action::HoldRequest {
+                delay_ms: HELD_COMMIT_MS,
+            })
+            .times(2),
+        )
+        .expect("the rule arms");
+    let mut events = Vec::new();
+    for _ in 0..2 {
+        let (_, key) = w.cancelled_task().await;
+        events.push(key);
+    }
+    w.or_ended(rule.fired_within(Duration::from_secs(20)))
+        .await?
+        .ok_or("R-STORE-7: the receiver sent no COMMIT through its DSN within 20 s")?;
+    let mut deliveries = Vec::new();
+    for key in &events {
+        for id in w.deliveries_of(key).await {
+            deliveries.push((key.clone(), id));
+        }
+    }
+    // SIGTERM while the COMMIT is held: from now on, any delivery seen ACKed must have its
+    // row committed (read after the delivery, so a right receiver's row is always there).
+    let signalled = Instant::now();
+    let _ = p.signal(Signal::SIGTERM);
+    let mut exited = None;
+    while signalled.elapsed() < Duration::from_millis(10_000 + HELD_COMMIT_MS) {
+        for (key, id) in &deliveries {
+            if w.delivery(id).await.state == "ACKED" {
+                ensure!(
+                    !w.inbox(key).await.is_empty(),
+                    "R-STORE-7: delivery {id} (event {key}) was ACKed after SIGTERM while its COMMIT had not reached the server (held by the proxy): on a signal, ACK only what committed, and leave the rest to come back (docs/receiver-contract.md, \"Stopping\")"
+                );
+            }
+        }
+        if exited.is_none() {
+            if let Some(status) = p.wait_within(Duration::from_millis(50)).await {
+                exited = Some((status, signalled.elapsed()));
+            }
+        }
+    }
+    let took = exited
+        .map(|(_, took)| took)
+        .filter(|took| *took <= Duration::from_secs(10))
+        .ok_or("R-CLI-3: consume was still running 10 s after SIGTERM")?;
+    // What was not committed comes back, and is applied once.
+    let _q = w.consume();
+    let ids: Vec<_> = deliveries.iter().map(|(_, id)| id.clone()).collect();
+    w.acked(
+        &ids,
+        Duration::from_secs(40),
+        "R-STORE-7 (a delivery not ACKed at SIGTERM comes back after its lease and is applied or resolved)",
+    )
+    .await?;
+    let mut attempts = Vec::new();
+    for (key, id) in &deliveries {
+        let rows = w.inbox(key).await.len();
+        ensure!(
+            rows == 1,
+            "R-STORE-4: event {key} has {rows} inbox rows after SIGTERM and a redelivery"
+        );
+        attempts.push(w.delivery(id).await.attempts.to_string());
+    }
+    Ok(format!(
+        "SIGTERM while a COMMIT was held: no ACK without its committed row; consume ended in {:.1} s; every delivery ACKed afterwards (attempts {})",
+        took.as_secs_f64(),
+        attempts.join(", ")
+    ))
+}
+
 pub(crate) async fn no_secrets(ctx: Ctx) -> Verdict {
     let mut w = World::start(&ctx, SHORT_LEASE).await;
     let proxy = w.behind_proxy().await;

@@ -7,6 +7,7 @@ mod liveness;
 mod refusals;
 mod schema;
 mod store;
+mod values;
 
 pub(crate) use corpus::*;
 pub(crate) use faults::*;
@@ -15,3 +16,4 @@ pub(crate) use liveness::*;
 pub(crate) use refusals::*;
 pub(crate) use schema::*;
 pub(crate) use store::*;
+pub(crate) use values::*;

@@ -221,3 +221,136 @@ pub(crate) async fn foreign_events(ctx: Ctx) -> Verdict {
     );
     Ok("an event naming another queue and one of an unknown type: each refused until EXPIRED, no inbox row, the view unchanged".into())
 }
+
+/// One event for each refusal of the event around the form that the platform can carry
+/// (docs/canonical-json.md, "The event around the form"; a missing or foreign namespace or
+/// queue, or an unknown type, is never delivered to the subscription, and `foreign-events`
+/// covers the last two), and three the form itself refuses. Each built from a good event by
+/// one change.
+fn malformed(w: &World) -> Vec<(&'static str, Body)> {
+    let good = |n: usize| {
+        w.event(
+            &format!("malformed-{n}"),
+            &format!("malformed-task-{n}"),
+            1,
+            "task.started",
+        )
+    };
+    let long = "x".repeat(129);
+    vec![
+        ("no id", good(0).without("id")),
+        ("an id that is a number", good(1).with("id", "7")),
+        ("an id of 129 bytes", good(2).with_text("id", &long)),
+        (
+            "an id with a control character",
+            good(3).with_text("id", "malformed-\u{1}3"),
+        ),
+        (
+            "a task id with a control character",
+            good(5).with_text("task_id", "task\u{7f}5"),
+        ),
+        ("no occurred_at", good(6).without("occurred_at")),
+        ("no task_version", good(7).without("task_version")),
+        ("task_version 1.0", good(8).with("task_version", "1.0")),
+        ("task_version 1e0", good(9).with("task_version", "1e0")),
+        ("task_version 2E+1", good(10).with("task_version", "2E+1")),
+        ("task_version -1", good(11).with("task_version", "-1")),
+        ("task_version 0", good(12).with("task_version", "0")),
+        (
+            "task_version 2^64",
+            good(13).with("task_version", "18446744073709551616"),
+        ),
+        (
+            "task_version as a string",
+            good(14).with("task_version", "\"1\""),
+        ),
+        ("no state", good(15).without("state")),
+        ("a state that is a number", good(16).with("state", "5")),
+        (
+            "a state its type does not allow",
+            good(17).with_text("state", "SUCCEEDED"),
+        ),
+        (
+            "a result on a state that allows none",
+            good(18).with("result", r#"{"n":1}"#),
+        ),
+        (
+            "an occurred_at that is no timestamp",
+            good(19).with_text("occurred_at", "yesterday"),
+        ),
+        (
+            "a lone surrogate in a string",
+            good(20).with("id", r#""malformed-\ud800""#),
+        ),
+        (
+            "a member named twice",
+            good(21).with("state", r#""RUNNING","state":"RUNNING""#),
+        ),
+    ]
+}
+
+pub(crate) async fn malformed_events(ctx: Ctx) -> Verdict {
+    let mut w = World::start_with(&ctx, 2, POISON_BUDGET).await;
+    let p = w.running().await?;
+    let sent: Vec<(&str, String, Vec<orbit_sdk::DeliveryId>)> = malformed(&w)
+        .into_iter()
+        .map(|(what, body)| {
+            let (_, ids) = w.send(&body);
+            let id = body_id(&body);
+            (what, id, ids)
+        })
+        .collect();
+    // A good event after them: the receiver is alive and taking deliveries.
+    w.cancelled_and_acked("R-STORE-7").await?;
+    let mut expired = 0;
+    for (what, id, ids) in &sent {
+        ensure!(
+            !ids.is_empty(),
+            "the kit could not run the case: the platform delivered no copy of the event with {what}"
+        );
+        let d = w.settled(&ids[0], Duration::from_secs(30)).await;
+        ensure!(
+            d.state == "EXPIRED",
+            "R-CANON-3: the event with {what} (id {id:?}) was {} after {} attempt(s) of a budget of {POISON_BUDGET}; it must be refused at every attempt and never ACKed (docs/canonical-json.md, \"The event around the form\"; docs/receiver-contract.md, \"A delivery you refuse\")",
+            d.state,
+            d.attempts
+        );
+        expired += 1;
+    }
+    let mut recorded = Vec::new();
+    for (what, id, _) in &sent {
+        if !id.is_empty() && !w.inbox(id).await.is_empty() {
+            recorded.push(*what);
+        }
+    }
+    ensure!(
+        recorded.is_empty(),
+        "R-STORE-1: refused events were recorded in the inbox: the ones with {}",
+        recorded.join(", ")
+    );
+    // Where an operator looks: the output names each refused event whose id is printable.
+    let out = p.output();
+    let unnamed: Vec<&str> = sent
+        .iter()
+        .filter(|(_, id, _)| {
+            id.len() <= 128 && id.starts_with("malformed-") && !id.chars().any(char::is_control)
+        })
+        .filter(|(_, id, _)| !out.contains(id.as_str()))
+        .map(|(what, _, _)| *what)
+        .collect();
+    ensure!(
+        unnamed.is_empty(),
+        "R-CLI-4: the receiver refused events without naming their ids in its output (an operator must find what never applies): the ones with {}",
+        unnamed.join(", ")
+    );
+    Ok(format!(
+        "{expired} malformed events (versions 1.0, 1e0, 2E+1, -1, 0, 2^64 and \"1\" among them): each refused until EXPIRED, none recorded, each printable id named"
+    ))
+}
+
+/// The id a body's `id` member holds when it is a string; empty otherwise.
+fn body_id(body: &Body) -> String {
+    body.member("id")
+        .and_then(|raw| serde_json::from_str::<String>(raw).ok())
+        .unwrap_or_default()
+}

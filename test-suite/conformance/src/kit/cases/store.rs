@@ -148,21 +148,29 @@ pub(crate) async fn pruned_redelivery(ctx: Ctx) -> Verdict {
 pub(crate) async fn stale_version(ctx: Ctx) -> Verdict {
     let (w, _p, task, key) = World::first_event(&ctx, SHORT_LEASE).await?;
     let before = w.view(&task).await.ok_or("R-STORE-5: no view")?;
-    let (old, deliveries) = w.forge(&key, false, Some(before.version - 1));
+    let row = w.own_view_text(&task).await.ok_or("R-STORE-5: no view")?;
+    // An older version that would change every column it could: another type, state and id,
+    // and a result where the view has none.
+    let old = "stale-older";
+    let (_, deliveries) = w.send(
+        &w.event(old, &task, before.version - 1, "task.succeeded")
+            .with("result", r#"{"stale":true}"#),
+    );
     w.acked(
         &deliveries,
         Duration::from_secs(30),
         "R-STORE-6 (an older version is ACKed as history)",
     )
     .await?;
-    let view = w.view(&task).await.ok_or("R-STORE-5: no view")?;
+    let after = w.own_view_text(&task).await.ok_or("R-STORE-5: no view")?;
     ensure!(
-        view.version == before.version && view.last_event == key && view.applied_events == 1,
-        "R-STORE-6: an older version (v{}) moved the view: it was v{} by {key}, applied_events 1; now {view:?} ({DECISIONS})",
+        after == row,
+        "R-STORE-6: an older version (v{}) changed the view of v{} by {key}: {}; a stale event leaves every column of the view as it was ({DECISIONS})",
         before.version - 1,
-        before.version
+        before.version,
+        changed_columns(&row, &after)
     );
-    let rows = w.inbox(&old).await;
+    let rows = w.inbox(old).await;
     ensure!(
         rows.len() == 1 && !rows[0].1,
         "R-STORE-6: the older event must be recorded with applied = false ({} row(s), applied {:?}; {DECISIONS})",
@@ -170,10 +178,9 @@ pub(crate) async fn stale_version(ctx: Ctx) -> Verdict {
         rows.first().map(|r| r.1)
     );
     Ok(format!(
-        "v{} after v{}: ACKed, kept as history, the view stays at v{}",
+        "v{} (SUCCEEDED, a result) after v{}: ACKed, kept as history, every column of the view unchanged",
         before.version - 1,
         before.version,
-        before.version
     ))
 }
 
