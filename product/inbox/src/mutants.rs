@@ -126,11 +126,20 @@ pub enum Mutant {
     /// On SIGTERM, every delivery whose apply is still running is reported applied at once,
     /// so the SDK ACKs it before its COMMIT is answered (R-STORE-7).
     AcksOnSigterm,
+    /// A write refused as read-only (1290) is a failure of the delivery, not an outage: the
+    /// health check does not read `@@global.read_only`, and a failed apply never holds new
+    /// deliveries, so each delivery spends its attempts while the server refuses writes
+    /// (R-DIST-4).
+    ReadOnlyIsFailure,
+    /// An apply's deadline is the platform's `lease_expires_at` read against this host's
+    /// clock (less the margin for the ACK), not the receipt time and the lease length: with
+    /// the platform's clock behind, every apply has run out before it starts (R-STORE-9).
+    DeadlineFromExpiresAt,
 }
 
 impl Mutant {
     /// Every mutant, in the order the kit reports them.
-    pub const ALL: [Mutant; 39] = [
+    pub const ALL: [Mutant; 41] = [
         Mutant::AckBeforeCommit,
         Mutant::InsertIgnore,
         Mutant::NoDigestCompare,
@@ -170,6 +179,8 @@ impl Mutant {
         Mutant::LenientVersions,
         Mutant::ViewByTaskAlone,
         Mutant::AcksOnSigterm,
+        Mutant::ReadOnlyIsFailure,
+        Mutant::DeadlineFromExpiresAt,
     ];
 
     /// The name `RECEIVER_MUTANT` takes.
@@ -214,6 +225,8 @@ impl Mutant {
             Mutant::LenientVersions => "lenient-versions",
             Mutant::ViewByTaskAlone => "view-by-task-alone",
             Mutant::AcksOnSigterm => "acks-on-sigterm",
+            Mutant::ReadOnlyIsFailure => "read-only-is-failure",
+            Mutant::DeadlineFromExpiresAt => "deadline-from-expires-at",
         }
     }
 
@@ -371,6 +384,10 @@ pub fn statements(m: Mutant) -> &'static Statements {
                     "VALUES (?, ?, ?, ?, ?, ?, LEFT(?, 65535),",
                     1,
                 )),
+                ..standard
+            },
+            Mutant::ReadOnlyIsFailure => Statements {
+                probe_read_only: false,
                 ..standard
             },
             Mutant::LocalTime => Statements {

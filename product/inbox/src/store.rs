@@ -202,6 +202,8 @@ pub struct Statements {
     pub(crate) read_verdict: &'static str,
     /// `None` leaves the server's own time zone.
     pub(crate) time_zone: Option<&'static str>,
+    /// Whether the health check reads `@@global.read_only` (a read-only server is an outage).
+    pub(crate) probe_read_only: bool,
 }
 
 impl Statements {
@@ -211,6 +213,7 @@ impl Statements {
         upsert_view: UPSERT_VIEW,
         read_verdict: READ_VERDICT,
         time_zone: Some(SESSION_TIME_ZONE),
+        probe_read_only: true,
     };
 
     /// The statements a store opened with `options` runs.
@@ -613,7 +616,9 @@ impl Store {
                 slot => slot.insert(self.pool.open().await.map_err(storage)?),
             };
             conn.raw.execute(SCHEMA_CHECK).await.map_err(storage)?;
-            durability::check_writable(&mut conn.raw).await?;
+            if self.statements.probe_read_only {
+                durability::check_writable(&mut conn.raw).await?;
+            }
             if self.require_replica_ack {
                 durability::check_replica_ack(&mut conn.raw).await?;
             }

@@ -172,6 +172,8 @@ pub struct Seams {
     pub apply: ApplyEvent,
     pub store_options: fn(StoreOptions) -> StoreOptions,
     pub consumer: fn(EventConsumer) -> EventConsumer,
+    /// When a delivery's apply must be done, given the apply's window.
+    pub deadline: fn(&orbit_sdk::Delivery, Duration) -> tokio::time::Instant,
 }
 
 impl Seams {
@@ -180,6 +182,9 @@ impl Seams {
         apply: apply_event,
         store_options: |options| options,
         consumer: |consumer| consumer,
+        // The lease began when the delivery arrived; it may have waited for a slot. Never
+        // the platform's lease_expires_at against this host's clock: the clocks may differ.
+        deadline: |d, window| d.received_at() + window,
     };
 }
 
@@ -204,6 +209,7 @@ pub async fn run_with(
     seams: Seams,
 ) -> Result<(), ConsumeError> {
     let apply = seams.apply;
+    let deadline_of = seams.deadline;
     let mut stop = std::pin::pin!(stop);
     // The fault build checks its barrier settings before anything connects.
     #[cfg(feature = "fault-barriers")]
@@ -268,8 +274,7 @@ pub async fn run_with(
                     logged: false,
                 };
                 metrics.started();
-                // The lease began when the delivery arrived; it may have waited for a slot.
-                let deadline = d.received_at() + window;
+                let deadline = deadline_of(&d, window);
                 let h = apply(&store, d.event_json().as_bytes(), deadline).await;
                 let took = started.elapsed();
                 metrics.handled(&h, took);

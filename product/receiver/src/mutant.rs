@@ -126,6 +126,11 @@ pub async fn consume(
         }
     }
     let seams = crate::consume::Seams {
+        deadline: if is(Mutant::DeadlineFromExpiresAt) {
+            deadline_from_expiry
+        } else {
+            crate::consume::Seams::PROGRAM.deadline
+        },
         apply,
         store_options: hook_store,
         consumer: |consumer| {
@@ -162,6 +167,19 @@ pub async fn consume(
     Ok(())
 }
 
+/// [`Mutant::DeadlineFromExpiresAt`]'s deadline: the platform's `lease_expires_at` against
+/// this host's clock, less the margin for the ACK; now when it has passed or cannot be read.
+fn deadline_from_expiry(d: &orbit_sdk::Delivery, _window: std::time::Duration) -> Instant {
+    let now_micros = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |t| t.as_micros() as i64);
+    let left = canonical_form::unix_micros(&d.lease_expires_at)
+        .map_or(0, |at| at - now_micros)
+        .max(0) as u64;
+    Instant::now()
+        + std::time::Duration::from_micros(left).saturating_sub(crate::consume::LEASE_MARGIN)
+}
+
 /// Set when a signal came ([`Mutant::AcksOnSigterm`]).
 static STOPPING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
@@ -193,6 +211,7 @@ fn applied_at_once() -> Handled {
 /// - [`Mutant::SplitCommit`] commits the inbox row and the view apart ([`split_commit`]);
 /// - [`Mutant::StopsAfterFailures`] hangs every apply once three have failed;
 /// - [`Mutant::AcksOnSigterm`] reports a running apply applied once a signal came;
+/// - [`Mutant::ReadOnlyIsFailure`] never suspects the database after a failed apply;
 /// - [`Mutant::LenientVersions`] applies a version such as `1.0` as the whole number;
 /// - [`Mutant::ViewByTaskAlone`] also moves every other view of the task after an apply;
 /// - the others apply as the program does (their changes are in the store's statements).
@@ -236,6 +255,14 @@ fn apply<'a>(
                 tokio::select! {
                     (_, h) = apply_raw(store, raw, Some(deadline)) => h,
                     () = stopping => applied_at_once(),
+                }
+            }
+            Some(Mutant::ReadOnlyIsFailure) => {
+                let h = apply_raw(store, raw, Some(deadline)).await.1;
+                Handled {
+                    suspect_database: false,
+                    releasable: false,
+                    ..h
                 }
             }
             Some(Mutant::LenientVersions) => {

@@ -24,7 +24,7 @@ use tokio::sync::Notify;
 const SERVE_USAGE: &str = "  orbit-dev serve [--listen 127.0.0.1:8080] [--lease-seconds 30] [--max-attempts 5] [--window 64]
                   [--header-timeout-seconds 10] [--body-timeout-seconds 30] [--max-connections 1024]
                   [--enable-fault-api] [--vary-events SEED] [--acked-retention-seconds N]
-                  [--tls-cert FILE --tls-key FILE]";
+                  [--clock-offset-seconds N] [--tls-cert FILE --tls-key FILE]";
 const BOOTSTRAP_USAGE: &str = "  orbit-dev bootstrap --application NAME --namespace NAME --environment NAME --queue ID [--event-access] --output PATH [--force]";
 const ENVIRONMENT: &str = "environment:
   ORBIT_MYSQL_DSN  the platform's own database, e.g. mysql://orbit:…@127.0.0.1:3306/orbit_test";
@@ -38,7 +38,10 @@ const SERVE_HELP: &str =
   --vary-events SEED writes each event as another JSON writer might, drawn from SEED: member
   order, whitespace, \\u escapes, occurred_at's offset and fraction (docs/orbit-protocol.md).
   --acked-retention-seconds N forgets ACKED deliveries N seconds after their ACK (kept for ever
-  by default): what is forgotten can no longer be listed or redelivered. With --tls-cert (a PEM
+  by default): what is forgotten can no longer be listed or redelivered.
+  --clock-offset-seconds N (-86400 to 86400) runs the platform's clock N seconds ahead (behind
+  when negative) in the times it sends: each delivery's lease_expires_at says N seconds more
+  than the lease it holds, which still ends on time. With --tls-cert (a PEM
   chain, the server's certificate first) and --tls-key (its PEM private key) it serves HTTPS
   and WSS only, on the same routes and limits; ORBIT_MYSQL_DSN may carry ssl-mode and ssl-ca.
   While the database does not answer, it says once a second what it is waiting for.";
@@ -140,6 +143,8 @@ struct ServeOptions {
     vary_events: Option<u64>,
     /// `--acked-retention-seconds`.
     acked_retention: Option<Duration>,
+    /// `--clock-offset-seconds`.
+    clock_offset: i64,
     limits: serve::Limits,
     /// `--tls-cert`, `--tls-key`.
     tls: Option<(std::path::PathBuf, std::path::PathBuf)>,
@@ -161,6 +166,7 @@ fn parse_serve(args: &[String]) -> Result<ServeOptions, Failure> {
         fault_api: false,
         vary_events: None,
         acked_retention: None,
+        clock_offset: 0,
         limits: serve::Limits::default(),
         tls: None,
     };
@@ -195,6 +201,13 @@ fn parse_serve(args: &[String]) -> Result<ServeOptions, Failure> {
                     1,
                     366 * 86_400,
                 )?))
+            }
+            "--clock-offset-seconds" => {
+                o.clock_offset = it
+                    .next()
+                    .and_then(|v| v.parse::<i64>().ok())
+                    .filter(|v| (-86_400..=86_400).contains(v))
+                    .ok_or_else(|| usage(&format!("{flag} takes a number from -86400 to 86400")))?
             }
             "--tls-cert" | "--tls-key" => {
                 let file = it
@@ -242,6 +255,8 @@ async fn serve(o: ServeOptions, dsn: String) -> Result<(), Failure> {
         fault_api: o.fault_api,
         vary: o.vary_events.map(vary::Vary::new),
         acked_retention: o.acked_retention,
+        clock_offset: Duration::from_secs(o.clock_offset.unsigned_abs()),
+        clock_behind: o.clock_offset < 0,
         wake: Notify::new(),
         drop_next_ack_reply: AtomicBool::new(false),
         drop_next_ack: AtomicBool::new(false),

@@ -47,9 +47,16 @@ pub enum Level {
 }
 
 /// The rules that are this project's own, stricter choices (SHOULD): identities compared byte
-/// for byte, the outage hold, a redelivery after a prune, configuration refused. Every other
+/// for byte, the outage hold (a read-only server's too), a redelivery after a prune,
+/// configuration refused. Every other
 /// rule is the source design's (MUST).
-pub const SHOULD_RULES: &[&str] = &["R-SCHEMA-7", "R-STORE-9", "R-STORE-12", "R-CLI-5"];
+pub const SHOULD_RULES: &[&str] = &[
+    "R-SCHEMA-7",
+    "R-STORE-9",
+    "R-STORE-12",
+    "R-CLI-5",
+    "R-DIST-4",
+];
 
 impl Level {
     pub fn as_str(self) -> &'static str {
@@ -197,6 +204,8 @@ pub fn cases() -> Vec<Case> {
         case!("lost-ack-reply", Must, "R-SDK-2", "the answer to an ACK lost (the stream closed after it was recorded): the ACK sent again with the same proof is already_acked, one attempt", lost_ack_reply),
         case!("after-failures", Must, "R-CLI-6 R-STORE-8", "a burst of failing deliveries (4 refused, 2 conflicts, a COMMIT whose answer is lost, one held 8 s past the apply's budget), then 20 good ones: every good one ACKed within 30 s, the two COMMITs resolved", after_failures),
         case!("database-restart", Should, "R-STORE-9", "the receiver's database killed for 12 s while events queue, a budget of 3: nothing lost, nothing doubled, no delivery past the 2 attempts a hold allows", database_restart),
+        case!("skewed-clock", Should, "R-STORE-9", "the platform's clock 60 s ahead of the receiver's, then 60 s behind (orbit-dev --clock-offset-seconds), 3 s leases: every delivery ACKed at its first attempt", skewed_clock),
+        case!("read-only", Should, "R-DIST-4", "the receiver's database made read-only for 12 s (its writes refused with 1290) while events queue, a budget of 3: nothing lost, nothing doubled, no delivery past the 2 attempts a hold allows", read_only),
         case!("sigterm", Must, "R-CLI-3", "SIGTERM ends consume within 10 s and leaves the subscription enabled", sigterm),
         case!("sigterm-mid-apply", Must, "R-STORE-7 R-CLI-3", "SIGTERM while a COMMIT is held 3 s by the proxy: no delivery ACKed without its committed row, consume ends within 10 s, and what was not ACKed comes back and is applied once", sigterm_mid_apply),
         case!("crash-loop", Must, "R-FAULT-4 R-STORE-4 R-STORE-6", "seeded SIGKILLs over duplicates and out-of-order versions, then a ledger check", crash_loop),
@@ -251,6 +260,8 @@ pub const MUTANTS: &[(&str, &str, &str)] = &[
     ("lenient-versions", "malformed-events", "R-CANON-3"),
     ("view-by-task-alone", "scopes", "R-SCHEMA-3"),
     ("acks-on-sigterm", "sigterm-mid-apply", "R-STORE-7"),
+    ("read-only-is-failure", "read-only", "R-DIST-4"),
+    ("deadline-from-expires-at", "skewed-clock", "R-STORE-9"),
 ];
 
 impl std::fmt::Debug for Case {

@@ -108,8 +108,13 @@ impl World {
 
     /// A world whose platform gives each delivery `budget` attempts.
     pub(crate) async fn start_with(ctx: &Ctx, lease: u64, budget: u32) -> World {
+        Self::started(ctx, lease, budget, &[]).await
+    }
+
+    /// A world whose platform also gets `platform` (orbit-dev serve's flags).
+    pub(crate) async fn started(ctx: &Ctx, lease: u64, budget: u32, platform: &[&str]) -> World {
         let db = crate::ReceiverDb::provisioned().await;
-        Self::on(ctx, lease, budget, db, None).await
+        Self::on(ctx, lease, budget, db, None, platform).await
     }
 
     /// A world whose receiver database is on a local server of its own.
@@ -117,7 +122,7 @@ impl World {
         let server = Server::local().expect("a local server of the case's own");
         let own = server.provision().await.expect("databases provisioned");
         let db = crate::ReceiverDb::provisioned().await;
-        Self::on(ctx, lease, budget, db, Some((own, server))).await
+        Self::on(ctx, lease, budget, db, Some((own, server)), &[]).await
     }
 
     pub(crate) async fn on(
@@ -126,8 +131,10 @@ impl World {
         budget: u32,
         db: Provisioned,
         own: Option<(Provisioned, Server)>,
+        platform: &[&str],
     ) -> World {
         let mut args = platform_args(lease, budget);
+        args.extend(platform.iter().map(|a| (*a).to_owned()));
         // Each world's platform writes its events another way, drawn from the run's seed.
         static WORLDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let world = WORLDS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);

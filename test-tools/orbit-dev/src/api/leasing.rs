@@ -199,11 +199,13 @@ async fn lease_in(
     // UPDATE below checks). The expiry is the server's clock, once for the whole batch.
     let rows = sqlx::query(
         "SELECT d.seq, d.id, d.attempts, e.body, \
+         DATE_FORMAT(UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, '%Y-%m-%d %H:%i:%s.%f'), \
          DATE_FORMAT(UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, '%Y-%m-%d %H:%i:%s.%f') \
          FROM orbit_deliveries d FORCE INDEX (by_subscription) JOIN orbit_events e ON e.id = d.event_id \
          WHERE d.subscription_id = ? AND d.state = 'PENDING' ORDER BY d.seq LIMIT ?",
     )
     .bind(p.lease.as_micros() as u64)
+    .bind(told_expiry(p))
     .bind(sub)
     .bind(room)
     .fetch_all(&mut **tx)
@@ -212,6 +214,7 @@ async fn lease_in(
         return Ok(Lease::Nothing);
     };
     let expires: String = first.try_get_unchecked(4)?;
+    let told: String = first.try_get_unchecked(5)?;
     // Each lease its own proof; one UPDATE for all of them.
     let mut leased = Vec::with_capacity(rows.len());
     for d in &rows {
@@ -245,8 +248,9 @@ async fn lease_in(
             leased.len()
         )));
     }
-    // The wire form of the expiry: `db::TS`, the same instant.
-    let wire_expires = format!("{}Z", expires.replacen(' ', "T", 1));
+    // The wire form of the expiry: `db::TS`, the same instant on the platform's clock as it
+    // tells it (`--clock-offset-seconds`).
+    let wire_expires = format!("{}Z", told.replacen(' ', "T", 1));
     let mut messages = Vec::with_capacity(leased.len());
     for (_, delivery_id, attempt, proof, body) in leased {
         let event = RawValue::from_string(String::from_utf8_lossy(&body).into_owned())
@@ -428,3 +432,15 @@ pub(super) async fn ack_one(
 /// The timestamp format on the wire ([`db::TS`]) is what [`lease_in`] builds from the
 /// server's `'%Y-%m-%d %H:%i:%s.%f'`.
 const _: () = assert!(matches!(db::TS.as_bytes(), b"%Y-%m-%dT%H:%i:%s.%fZ"));
+
+/// Microseconds from now to the lease's end as the platform tells it: the lease, shifted by
+/// `--clock-offset-seconds`.
+fn told_expiry(p: &Platform) -> i64 {
+    let lease = p.lease.as_micros() as i64;
+    let offset = p.clock_offset.as_micros() as i64;
+    if p.clock_behind {
+        lease - offset
+    } else {
+        lease + offset
+    }
+}

@@ -53,6 +53,10 @@ pub struct Platform {
     /// `--acked-retention-seconds`: how long an ACKED delivery is kept after its ACK (for
     /// ever when `None`).
     pub acked_retention: Option<Duration>,
+    /// `--clock-offset-seconds`: how far the times the platform sends are from its own clock,
+    /// and whether behind (the leases themselves run on its own clock).
+    pub clock_offset: Duration,
+    pub clock_behind: bool,
     /// Woken whenever deliveries may have become available.
     pub wake: Notify,
     /// Fault: process the next ACK but drop its reply (and the stream).

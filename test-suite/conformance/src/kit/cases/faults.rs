@@ -170,22 +170,86 @@ const OUTAGE_BUDGET: u32 = 3;
 /// the hold began), and the one after the database came back.
 const OUTAGE_ATTEMPTS: u32 = 2;
 
+/// What makes the receiver's database unable to serve for [`OUTAGE`]: killed and started
+/// again, or made read-only under the runtime account.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Outage {
+    Killed,
+    ReadOnly,
+}
+
+impl Outage {
+    /// The rule a receiver breaks by spending attempts on it, and what it is, in words.
+    fn rule(self) -> (&'static str, &'static str) {
+        match self {
+            Outage::Killed => ("R-STORE-9", "down"),
+            Outage::ReadOnly => (
+                "R-DIST-4",
+                "read-only (a write refused with 1290, which is an outage, not a failure of the event)",
+            ),
+        }
+    }
+
+    async fn begin(self, w: &World) -> Result<(), String> {
+        match self {
+            Outage::Killed => {
+                ensure!(
+                    w.own_server().kill(),
+                    "the kit could not kill the receiver's server"
+                );
+            }
+            Outage::ReadOnly => set_read_only(w, true).await,
+        }
+        Ok(())
+    }
+
+    async fn end(self, w: &World) {
+        match self {
+            Outage::Killed => w
+                .own_server()
+                .restart()
+                .expect("the receiver's server starts again"),
+            Outage::ReadOnly => set_read_only(w, false).await,
+        }
+    }
+}
+
+/// `SET GLOBAL read_only` on the receiver's own server, as its administrator: the runtime
+/// account, without SUPER, is refused every write meanwhile (1290).
+async fn set_read_only(w: &World, on: bool) {
+    let mut admin = w.admin().await;
+    sqlx::query(if on {
+        "SET GLOBAL read_only = ON"
+    } else {
+        "SET GLOBAL read_only = OFF"
+    })
+    .execute(&mut admin)
+    .await
+    .expect("the kit sets read_only on the receiver's own server");
+}
+
 pub(crate) async fn database_restart(ctx: Ctx) -> Verdict {
+    through_outage(ctx, Outage::Killed).await
+}
+
+pub(crate) async fn read_only(ctx: Ctx) -> Verdict {
+    through_outage(ctx, Outage::ReadOnly).await
+}
+
+/// Events queued while the receiver's database cannot serve for [`OUTAGE`], a budget of
+/// [`OUTAGE_BUDGET`]: every delivery ACKED, none past [`OUTAGE_ATTEMPTS`], the ledger clean.
+async fn through_outage(ctx: Ctx, outage: Outage) -> Verdict {
+    let (rule, what) = outage.rule();
     let mut w = World::with_own_server(&ctx, SHORT_LEASE, OUTAGE_BUDGET).await;
     let _p = w.running().await?;
     let (first, _) = w.cancelled_and_acked("R-STORE-7").await?;
-    ensure!(
-        w.own_server().kill(),
-        "the kit could not kill the receiver's server"
-    );
+    outage.begin(&w).await?;
     let mut tasks = vec![first];
     for _ in 0..6 {
         tasks.push(crate::cancelled_task(&w.client).await);
     }
     tokio::time::sleep(OUTAGE).await;
-    w.own_server()
-        .restart()
-        .expect("the receiver's server starts again");
+    outage.end(&w).await;
     // Until every delivery is ACKED, or one has spent its budget (EXPIRED never comes back).
     let ended = w
         .or_ended(poll(
@@ -216,7 +280,7 @@ pub(crate) async fn database_restart(ctx: Ctx) -> Verdict {
         .collect();
     ensure!(
         open.is_empty(),
-        "R-STORE-9: while the database is down, take no new delivery (each attempt spent on it is one of a finite budget, {OUTAGE_BUDGET} here): {}",
+        "{rule}: while the database is {what}, take no new delivery (each attempt spent on it is one of a finite budget, {OUTAGE_BUDGET} here): {}",
         open.join(", ")
     );
     let spent: Vec<String> = deliveries
@@ -226,16 +290,20 @@ pub(crate) async fn database_restart(ctx: Ctx) -> Verdict {
         .collect();
     ensure!(
         spent.is_empty(),
-        "R-STORE-9: while the database was down the receiver kept taking deliveries: {} spent more than the {OUTAGE_ATTEMPTS} attempts a hold allows (one that met the outage, one after): {}",
+        "{rule}: while the database was {what} the receiver kept taking deliveries: {} spent more than the {OUTAGE_ATTEMPTS} attempts a hold allows (one that met the outage, one after): {}",
         spent.len(),
         spent.join(", ")
     );
-    ledger(&w, &tasks, "R-STORE-9").await?;
+    ledger(&w, &tasks, rule).await?;
     let most = deliveries.iter().map(|d| d.attempts).max().unwrap_or(0);
     Ok(format!(
-        "{} events across a {} s outage with a budget of {OUTAGE_BUDGET}: all ACKED, each applied once; at most {most} attempts",
+        "{} events across {} s {} with a budget of {OUTAGE_BUDGET}: all ACKED, each applied once; at most {most} attempts",
         ids.len(),
-        OUTAGE.as_secs()
+        OUTAGE.as_secs(),
+        match outage {
+            Outage::Killed => "of a killed database",
+            Outage::ReadOnly => "of a read-only database",
+        }
     ))
 }
 

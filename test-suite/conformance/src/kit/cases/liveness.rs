@@ -172,6 +172,68 @@ fn lines_naming(output: &str, key: &str) -> String {
     lines[lines.len().saturating_sub(3)..].join(" | ")
 }
 
+/// How far `skewed-clock` puts the platform's clock from the receiver's, each way.
+const SKEW_SECONDS: i64 = 60;
+
+pub(crate) async fn skewed_clock(ctx: Ctx) -> Verdict {
+    let mut seen = Vec::new();
+    for skew in [SKEW_SECONDS, -SKEW_SECONDS] {
+        let offset = skew.to_string();
+        let mut w = World::started(
+            &ctx,
+            SHORT_LEASE,
+            BUDGET,
+            &["--clock-offset-seconds", &offset],
+        )
+        .await;
+        let _p = w.running().await?;
+        let way = if skew > 0 { "ahead of" } else { "behind" };
+        let short = if skew > 0 { "ahead" } else { "behind" };
+        let mut ids = Vec::new();
+        for _ in 0..6 {
+            let (_, key) = w.cancelled_task().await;
+            ids.extend(w.deliveries_of(&key).await);
+        }
+        // Until every delivery is ACKED, or one needed a second attempt.
+        let ended = w
+            .or_ended(crate::poll(
+                Duration::from_secs(30),
+                Duration::from_millis(100),
+                || async {
+                    let mut all = Vec::new();
+                    for id in &ids {
+                        all.push(w.delivery(id).await);
+                    }
+                    if let Some(d) = all.iter().find(|d| d.attempts > 1) {
+                        return Some(Err(d.clone()));
+                    }
+                    all.iter().all(|d| d.state == "ACKED").then_some(Ok(()))
+                },
+            ))
+            .await?;
+        let late = match ended {
+            Some(Ok(())) => None,
+            Some(Err(d)) => Some(d),
+            None => Some(w.delivery(&ids[0]).await),
+        };
+        if let Some(d) = late {
+            return Err(format!(
+                "R-STORE-9: with the platform's clock {} s {way} the receiver's, delivery {} (event {}) is {} after {} attempt(s); one suffices: take an apply's deadline from the lease length and the local receipt time, never from lease_expires_at against your own clock (docs/receiver-contract.md, \"Deadlines\")",
+                skew.abs(),
+                d.id,
+                d.event_id,
+                d.state,
+                d.attempts
+            ));
+        }
+        seen.push(format!("{} s {short}", skew.abs()));
+    }
+    Ok(format!(
+        "the platform's clock {}: every delivery ACKed at its first attempt",
+        seen.join(", then ")
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
