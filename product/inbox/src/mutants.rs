@@ -135,11 +135,18 @@ pub enum Mutant {
     /// clock (less the margin for the ACK), not the receipt time and the lease length: with
     /// the platform's clock behind, every apply has run out before it starts (R-STORE-9).
     DeadlineFromExpiresAt,
+    /// The health probe gives up once an outage has lasted 20 s, its hold left on: after a
+    /// longer outage `consume` never takes a delivery again (R-CLI-6).
+    ProbeGivesUp,
+    /// The SDK grants a credit for every delivery as it arrives, as well as when it finishes:
+    /// the deliveries held grow without bound while applies are slower than the platform
+    /// (R-E2E-3, R-SDK-2).
+    CreditOnReceipt,
 }
 
 impl Mutant {
     /// Every mutant, in the order the kit reports them.
-    pub const ALL: [Mutant; 41] = [
+    pub const ALL: [Mutant; 43] = [
         Mutant::AckBeforeCommit,
         Mutant::InsertIgnore,
         Mutant::NoDigestCompare,
@@ -181,6 +188,8 @@ impl Mutant {
         Mutant::AcksOnSigterm,
         Mutant::ReadOnlyIsFailure,
         Mutant::DeadlineFromExpiresAt,
+        Mutant::ProbeGivesUp,
+        Mutant::CreditOnReceipt,
     ];
 
     /// The name `RECEIVER_MUTANT` takes.
@@ -227,6 +236,8 @@ impl Mutant {
             Mutant::AcksOnSigterm => "acks-on-sigterm",
             Mutant::ReadOnlyIsFailure => "read-only-is-failure",
             Mutant::DeadlineFromExpiresAt => "deadline-from-expires-at",
+            Mutant::ProbeGivesUp => "probe-gives-up",
+            Mutant::CreditOnReceipt => "credit-on-receipt",
         }
     }
 

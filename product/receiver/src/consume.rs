@@ -174,6 +174,10 @@ pub struct Seams {
     pub consumer: fn(EventConsumer) -> EventConsumer,
     /// When a delivery's apply must be done, given the apply's window.
     pub deadline: fn(&orbit_sdk::Delivery, Duration) -> tokio::time::Instant,
+    /// Test builds only: how long the health probe keeps trying through one outage (for
+    /// ever when `None`).
+    #[cfg(feature = "mutants")]
+    pub probe_patience: Option<Duration>,
 }
 
 impl Seams {
@@ -185,6 +189,8 @@ impl Seams {
         // The lease began when the delivery arrived; it may have waited for a slot. Never
         // the platform's lease_expires_at against this host's clock: the clocks may differ.
         deadline: |d, window| d.received_at() + window,
+        #[cfg(feature = "mutants")]
+        probe_patience: None,
     };
 }
 
@@ -247,6 +253,14 @@ pub async fn run_with(
         );
     }
     let gate = CreditGate::new();
+    #[cfg(feature = "mutants")]
+    let outage = match seams.probe_patience {
+        Some(patience) => {
+            Outage::start_with_patience(store.clone(), gate.clone(), metrics.clone(), patience)
+        }
+        None => Outage::start(store.clone(), gate.clone(), metrics.clone()),
+    };
+    #[cfg(not(feature = "mutants"))]
     let outage = Outage::start(store.clone(), gate.clone(), metrics.clone());
     let ages = config
         .metrics

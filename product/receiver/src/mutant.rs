@@ -131,11 +131,14 @@ pub async fn consume(
         } else {
             crate::consume::Seams::PROGRAM.deadline
         },
+        probe_patience: is(Mutant::ProbeGivesUp).then_some(std::time::Duration::from_secs(20)),
         apply,
         store_options: hook_store,
         consumer: |consumer| {
             if is(Mutant::ForgetsLostAcks) {
                 consumer.forget_unanswered_acks()
+            } else if is(Mutant::CreditOnReceipt) {
+                consumer.credit_on_receipt()
             } else if is(Mutant::NoOutageHold) {
                 // A gate of its own, which nothing holds: the health probe's and the applies'
                 // holds no longer reach the stream.

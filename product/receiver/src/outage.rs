@@ -66,6 +66,9 @@ struct Inner {
     store: Arc<Store>,
     gate: CreditGate,
     metrics: Metrics,
+    /// How long the probe keeps trying through one outage (for ever when `None`).
+    #[cfg(feature = "mutants")]
+    patience: Option<Duration>,
     state: Mutex<State>,
     /// Wakes the probe before its period (an apply's suspicion).
     wake: Notify,
@@ -105,10 +108,35 @@ impl Outage {
     /// Watches `store`, holding `gate` during an outage and saying so in `metrics`; starts the
     /// health probe.
     pub fn start(store: Arc<Store>, gate: CreditGate, metrics: Metrics) -> Outage {
+        Self::build(store, gate, metrics, None)
+    }
+
+    /// Test builds only (feature `mutants`): [`Outage::start`] whose probe stops once an
+    /// outage has lasted `patience`, the gate left held, breaking R-CLI-6 on purpose.
+    #[cfg(feature = "mutants")]
+    pub fn start_with_patience(
+        store: Arc<Store>,
+        gate: CreditGate,
+        metrics: Metrics,
+        patience: Duration,
+    ) -> Outage {
+        Self::build(store, gate, metrics, Some(patience))
+    }
+
+    fn build(
+        store: Arc<Store>,
+        gate: CreditGate,
+        metrics: Metrics,
+        patience: Option<Duration>,
+    ) -> Outage {
+        #[cfg(not(feature = "mutants"))]
+        let _ = patience;
         let outage = Outage(Arc::new(Inner {
             store,
             gate,
             metrics,
+            #[cfg(feature = "mutants")]
+            patience,
             state: Mutex::new(State::default()),
             wake: Notify::new(),
             probed: watch::channel((0, false)).0,
@@ -161,11 +189,32 @@ impl Inner {
         loop {
             let result = self.store.check(&mut probe, PROBE_TIMEOUT).await;
             self.record(result);
+            #[cfg(feature = "mutants")]
+            if self.gave_up() {
+                return;
+            }
             // A suspicion while this probe ran leaves a permit: the next probe starts at once.
             tokio::select! {
                 () = tokio::time::sleep(HEALTH_PERIOD) => {}
                 () = self.wake.notified() => {}
             }
+        }
+    }
+
+    /// Whether this outage has outlasted the probe's patience (test builds only).
+    #[cfg(feature = "mutants")]
+    fn gave_up(&self) -> bool {
+        let first = self
+            .state
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .first_failure;
+        match (self.patience, first) {
+            (Some(patience), Some(first)) if first.elapsed() > patience => {
+                tracing::warn!("giving up on the database after {} s", patience.as_secs());
+                true
+            }
+            _ => false,
         }
     }
 

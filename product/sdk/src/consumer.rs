@@ -174,6 +174,8 @@ pub struct EventConsumer {
     after_ack_sent: Option<AckSentHook>,
     #[cfg(feature = "mutants")]
     forget_unanswered_acks: bool,
+    #[cfg(feature = "mutants")]
+    credit_on_receipt: bool,
 }
 
 /// Test builds only (feature `fault-hooks`): awaited right after an ACK is written to the
@@ -229,6 +231,8 @@ impl EventConsumer {
             after_ack_sent: None,
             #[cfg(feature = "mutants")]
             forget_unanswered_acks: false,
+            #[cfg(feature = "mutants")]
+            credit_on_receipt: false,
         }
     }
 
@@ -238,6 +242,15 @@ impl EventConsumer {
     #[cfg(feature = "mutants")]
     pub fn forget_unanswered_acks(mut self) -> EventConsumer {
         self.forget_unanswered_acks = true;
+        self
+    }
+
+    /// Test builds only (feature `mutants`): breaks R-SDK-2's credit rule on purpose: one
+    /// credit goes back for every delivery as it arrives, as well as when it finishes, so that
+    /// the deliveries held grow without bound while handlers are slower than the platform.
+    #[cfg(feature = "mutants")]
+    pub fn credit_on_receipt(mut self) -> EventConsumer {
+        self.credit_on_receipt = true;
         self
     }
 
@@ -621,6 +634,12 @@ where
                             let received = Instant::now();
                             let delivery = Delivery { delivery_id, attempt, lease_expires_at, event, received };
                             waiting.push_back((delivery, proof));
+                            #[cfg(feature = "mutants")]
+                            if config.credit_on_receipt {
+                                if let Err(e) = send(&mut link, &ClientMessage::Credit { credit: 1 }).await {
+                                    broken = Some(e);
+                                }
+                            }
                             if *gate.borrow() {
                                 // Nothing new starts while held: it goes back at once.
                                 let n = release_waiting(&mut waiting, &mut link).await as u32;

@@ -37,6 +37,7 @@ pub struct PlatformMetrics {
     ack_turns: Counter,
     redelivered: Counter,
     acked_forgotten: Counter,
+    held_max: Gauge,
 }
 
 impl Default for PlatformMetrics {
@@ -80,8 +81,15 @@ impl Default for PlatformMetrics {
             "ACKED deliveries forgotten past --acked-retention-seconds (no longer listed or redeliverable)",
             acked_forgotten.clone(),
         );
+        let held_max = Gauge::default();
+        registry.register(
+            "stream_held_max",
+            "The most deliveries one stream has held at once: leased to it and not yet ACKed, released or expired",
+            held_max.clone(),
+        );
         PlatformMetrics {
             registry,
+            held_max,
             acked_forgotten,
             deliveries,
             leases_expired,
@@ -110,6 +118,14 @@ impl PlatformMetrics {
 
     pub fn released(&self, n: u64) {
         self.leases_released.inc_by(n);
+    }
+
+    /// A stream holds `n` deliveries now: the high-water mark follows.
+    pub fn held(&self, n: usize) {
+        let n = n as i64;
+        if n > self.held_max.get() {
+            self.held_max.set(n);
+        }
     }
 
     /// One transaction recorded ACKs.

@@ -1,5 +1,6 @@
 //! The WebSocket delivery stream: credit, and a turn per batch of frames (see `leasing`).
 
+use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -75,6 +76,9 @@ async fn send_oversized(socket: &mut WebSocket, m: &ServerMessage) -> bool {
 
 async fn serve_stream(p: Shared, sub: String, mut socket: WebSocket) {
     let mut credit: u32 = 0;
+    // What this stream holds: each delivery leased to it, with when, until its ACK, its
+    // release or its lease's end (`orbit_stream_held_max`).
+    let mut held: HashMap<String, tokio::time::Instant> = HashMap::new();
     let mut heartbeat = tokio::time::interval(Duration::from_secs(10));
     let mut poll = tokio::time::interval(Duration::from_millis(250));
     let mut report = HoldReport::default();
@@ -92,6 +96,9 @@ async fn serve_stream(p: Shared, sub: String, mut socket: WebSocket) {
         while again {
             again = false;
             let mut taken = std::mem::take(&mut inbound);
+            for (delivery_id, _) in taken.acks.iter().chain(&taken.releases) {
+                held.remove(delivery_id.as_str());
+            }
             if faults_armed(&p) {
                 // One ACK at a time, apart from leasing, so that the fault meets exactly the
                 // next ACK.
@@ -126,6 +133,14 @@ async fn serve_stream(p: Shared, sub: String, mut socket: WebSocket) {
             match turned.lease {
                 Lease::Leased(messages) => {
                     report.clear();
+                    let now = tokio::time::Instant::now();
+                    held.retain(|_, at| now.duration_since(*at) < p.lease);
+                    for m in &messages {
+                        if let ServerMessage::Delivery { delivery_id, .. } = m {
+                            held.insert(delivery_id.as_str().to_owned(), now);
+                        }
+                    }
+                    p.metrics.held(held.len());
                     credit -= messages.len() as u32;
                     // More may wait than one turn leases.
                     again = credit > 0;

@@ -234,6 +234,83 @@ pub(crate) async fn skewed_clock(ctx: Ctx) -> Verdict {
     ))
 }
 
+/// How long `long-outage` keeps the receiver's database down: longer than a probe that
+/// gives up after a while would wait.
+const LONG_OUTAGE: Duration = Duration::from_secs(30);
+
+pub(crate) async fn long_outage(ctx: Ctx) -> Verdict {
+    let mut w = World::with_own_server(&ctx, SHORT_LEASE, BUDGET).await;
+    let _p = w.running().await?;
+    w.cancelled_and_acked("R-STORE-7").await?;
+    ensure!(
+        w.own_server().kill(),
+        "the kit could not kill the receiver's server"
+    );
+    let mut ids = Vec::new();
+    for _ in 0..3 {
+        let (_, key) = w.cancelled_task().await;
+        ids.extend(w.deliveries_of(&key).await);
+    }
+    tokio::time::sleep(LONG_OUTAGE).await;
+    w.own_server()
+        .restart()
+        .expect("the receiver's server starts again");
+    for _ in 0..3 {
+        let (_, key) = w.cancelled_task().await;
+        ids.extend(w.deliveries_of(&key).await);
+    }
+    let rule = format!(
+        "R-CLI-6 (after its database was down {} s, the receiver takes and applies deliveries again: probe for as long as an outage lasts; docs/receiver-contract.md, \"An outage of your database\")",
+        LONG_OUTAGE.as_secs()
+    );
+    w.acked(&ids, Duration::from_secs(30), &rule).await?;
+    Ok(format!(
+        "{} events sent during and after a {} s outage: every one ACKed within 30 s of the restart",
+        ids.len(),
+        LONG_OUTAGE.as_secs()
+    ))
+}
+
+/// The most deliveries a receiver with the default concurrency (4) may hold at once on its
+/// stream: 4 applying and at most as many waiting.
+const MOST_HELD: u64 = 8;
+/// How many events wait for `credit-bound`'s receiver when it starts.
+const BACKLOG: usize = 40;
+
+pub(crate) async fn credit_bound(ctx: Ctx) -> Verdict {
+    let mut w = World::start(&ctx, 10).await;
+    let proxy = w.behind_proxy().await;
+    // Every COMMIT answered 300 ms late: applies are slower than the platform, so credit
+    // given for arrivals would pile deliveries up.
+    proxy
+        .arm(RuleSpec::new(Action::Delay { delay_ms: 300 }))
+        .expect("the rule arms");
+    w.init().await?;
+    let mut ids = Vec::new();
+    for _ in 0..BACKLOG {
+        let (_, key) = w.cancelled_task().await;
+        ids.extend(w.deliveries_of(&key).await);
+    }
+    let _p = w.consume();
+    w.acked(
+        &ids,
+        Duration::from_secs(60),
+        "R-E2E-3 (a backlog of 40 is applied, at most 8 at a time held)",
+    )
+    .await?;
+    let held = w
+        .orbit
+        .metric("orbit_stream_held_max")
+        .ok_or("the kit could not read orbit-dev's orbit_stream_held_max")?;
+    ensure!(
+        held <= MOST_HELD,
+        "R-E2E-3: the receiver held {held} deliveries at once on its stream (leased to it, not yet ACKed, released or expired); with the default concurrency of 4 it may hold at most {MOST_HELD}: 4 applying and at most 4 waiting. Grant credit for deliveries finished, never for deliveries received (docs/receiver-contract.md, \"Credit\"; R-SDK-2)"
+    );
+    Ok(format!(
+        "a backlog of {BACKLOG} applied with every COMMIT 300 ms late: at most {held} deliveries held at once"
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
