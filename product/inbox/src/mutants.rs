@@ -142,11 +142,15 @@ pub enum Mutant {
     /// the deliveries held grow without bound while applies are slower than the platform
     /// (R-E2E-3, R-SDK-2).
     CreditOnReceipt,
+    /// An apply out of time mid-statement closes its socket and leaves the server to notice:
+    /// a COMMIT held on its way keeps the transaction and its row locks open, and the
+    /// redelivery waits behind them (R-CLI-6; the contract's Deadlines).
+    ClosesWithoutKill,
 }
 
 impl Mutant {
     /// Every mutant, in the order the kit reports them.
-    pub const ALL: [Mutant; 43] = [
+    pub const ALL: [Mutant; 44] = [
         Mutant::AckBeforeCommit,
         Mutant::InsertIgnore,
         Mutant::NoDigestCompare,
@@ -190,6 +194,7 @@ impl Mutant {
         Mutant::DeadlineFromExpiresAt,
         Mutant::ProbeGivesUp,
         Mutant::CreditOnReceipt,
+        Mutant::ClosesWithoutKill,
     ];
 
     /// The name `RECEIVER_MUTANT` takes.
@@ -238,6 +243,7 @@ impl Mutant {
             Mutant::DeadlineFromExpiresAt => "deadline-from-expires-at",
             Mutant::ProbeGivesUp => "probe-gives-up",
             Mutant::CreditOnReceipt => "credit-on-receipt",
+            Mutant::ClosesWithoutKill => "closes-without-kill",
         }
     }
 
@@ -399,6 +405,10 @@ pub fn statements(m: Mutant) -> &'static Statements {
             },
             Mutant::ReadOnlyIsFailure => Statements {
                 probe_read_only: false,
+                ..standard
+            },
+            Mutant::ClosesWithoutKill => Statements {
+                kill_abandoned: false,
                 ..standard
             },
             Mutant::LocalTime => Statements {

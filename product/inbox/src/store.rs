@@ -204,6 +204,8 @@ pub struct Statements {
     pub(crate) time_zone: Option<&'static str>,
     /// Whether the health check reads `@@global.read_only` (a read-only server is an outage).
     pub(crate) probe_read_only: bool,
+    /// Whether an apply out of time mid-statement kills its connection on the server.
+    pub(crate) kill_abandoned: bool,
 }
 
 impl Statements {
@@ -214,6 +216,7 @@ impl Statements {
         read_verdict: READ_VERDICT,
         time_zone: Some(SESSION_TIME_ZONE),
         probe_read_only: true,
+        kill_abandoned: true,
     };
 
     /// The statements a store opened with `options` runs.
@@ -729,7 +732,13 @@ impl Store {
             // Out of time mid-statement: end the statement and its transaction on the server
             // (the lock it waits for or holds) before answering.
             Err(_) => {
-                conn.abandon().await;
+                if self.statements.kill_abandoned {
+                    conn.abandon().await;
+                } else {
+                    // Only a mutant: the socket closed, the server left to notice.
+                    conn.broken();
+                    drop(conn);
+                }
                 if at_commit {
                     Err(ApplyError::CommitUnconfirmed)
                 } else {

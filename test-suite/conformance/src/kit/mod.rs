@@ -203,6 +203,7 @@ pub fn cases() -> Vec<Case> {
         case!("foreign-events", Must, "R-CANON-1", "on this subscription, an event naming another queue and one of an unknown type: each refused until its budget of 2 is spent, no inbox row, the view unchanged", foreign_events),
         case!("lost-ack-reply", Must, "R-SDK-2", "the answer to an ACK lost (the stream closed after it was recorded): the ACK sent again with the same proof is already_acked, one attempt", lost_ack_reply),
         case!("after-failures", Must, "R-CLI-6 R-STORE-8", "a burst of failing deliveries (4 refused, 2 conflicts, a COMMIT whose answer is lost, one held 8 s past the apply's budget), then 20 good ones: every good one ACKed within 30 s, the two COMMITs resolved", after_failures),
+        case!("abandoned-commit", Must, "R-CLI-6", "the first COMMIT held 20 s on its way to the server by the proxy, past the apply's budget, its transaction open: the redelivery applies or resolves within its own lease (ACKED by attempt 2), not behind the abandoned transaction's locks", abandoned_commit),
         case!("long-outage", Must, "R-CLI-6", "the receiver's database down 30 s, longer than a probe that gives up would wait, events sent during and after: every one ACKed within 30 s of the restart", long_outage),
         case!("credit-bound", Must, "R-E2E-3 R-SDK-2", "a backlog of 40 events, every COMMIT answered 300 ms late: never more than 8 deliveries held at once on the stream (the default concurrency 4, and at most as many waiting), counted by the platform", credit_bound),
         case!("database-restart", Should, "R-STORE-9", "the receiver's database killed for 12 s while events queue, a budget of 3: nothing lost, nothing doubled, no delivery past the 2 attempts a hold allows", database_restart),
@@ -266,6 +267,7 @@ pub const MUTANTS: &[(&str, &str, &str)] = &[
     ("deadline-from-expires-at", "skewed-clock", "R-STORE-9"),
     ("probe-gives-up", "long-outage", "R-CLI-6"),
     ("credit-on-receipt", "credit-bound", "R-E2E-3"),
+    ("closes-without-kill", "abandoned-commit", "R-CLI-6"),
 ];
 
 impl std::fmt::Debug for Case {

@@ -311,6 +311,55 @@ pub(crate) async fn credit_bound(ctx: Ctx) -> Verdict {
     ))
 }
 
+/// How long `abandoned-commit` holds the first COMMIT on its way to the server: past the
+/// apply's budget and three leases.
+const ABANDONED_HOLD_MS: u64 = 20_000;
+/// `abandoned-commit`'s lease.
+const ABANDONED_LEASE: u64 = 5;
+
+pub(crate) async fn abandoned_commit(ctx: Ctx) -> Verdict {
+    let mut w = World::start(&ctx, ABANDONED_LEASE).await;
+    let proxy = w.behind_proxy().await;
+    let _p = w.running().await?;
+    let rule = proxy
+        .arm(
+            RuleSpec::new(Action::HoldRequest {
+                delay_ms: ABANDONED_HOLD_MS,
+            })
+            .once(),
+        )
+        .expect("the rule arms");
+    let (_, key) = w.cancelled_task().await;
+    let id = w.deliveries_of(&key).await[0].clone();
+    w.or_ended(rule.fired_within(Duration::from_secs(20)))
+        .await?
+        .ok_or("R-STORE-7: the receiver sent no COMMIT through its DSN within 20 s")?;
+    let held = std::time::Instant::now();
+    // The first attempt gives up; its lease ends; the second must apply or resolve in its
+    // own lease, not wait behind the first one's locks.
+    let within = Duration::from_secs(2 * ABANDONED_LEASE + 3);
+    let d = w.settled(&id, within).await;
+    ensure!(
+        d.state == "ACKED" && d.attempts <= 2,
+        "R-CLI-6: event {key}'s COMMIT was held {} s on its way to the server, past the apply's budget; {:.0} s later its delivery is {} after {} attempt(s), where the redelivery should have applied or resolved within its own lease: an apply that gives up must end its transaction on the server (KILL its connection from another), or the redelivery waits behind the abandoned transaction's row locks (docs/receiver-contract.md, \"Deadlines\")",
+        ABANDONED_HOLD_MS / 1000,
+        held.elapsed().as_secs_f64(),
+        d.state,
+        d.attempts
+    );
+    let rows = w.inbox(&key).await.len();
+    ensure!(
+        rows == 1,
+        "R-STORE-4: event {key} has {rows} inbox rows after its abandoned COMMIT and its redelivery"
+    );
+    Ok(format!(
+        "the first COMMIT held {} s: the redelivery ACKed at attempt {}, {:.1} s after the hold began",
+        ABANDONED_HOLD_MS / 1000,
+        d.attempts,
+        held.elapsed().as_secs_f64()
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
