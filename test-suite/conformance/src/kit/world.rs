@@ -455,13 +455,40 @@ impl World {
             return Ok(());
         };
         Err(format!(
-            "{rule}: delivery {} of event {} is {} after {} attempt(s), not ACKED within {} s",
+            "{rule}: delivery {} of event {} is {} after {} attempt(s), not ACKED within {} s{}",
             d.id,
             d.event_id,
             d.state,
             d.attempts,
-            within.as_secs()
+            within.as_secs(),
+            self.expired_cause(&d)
         ))
+    }
+
+    /// For an EXPIRED delivery, what the receiver said of it: every attempt failed and the
+    /// budget is spent, with the receiver's own last lines naming its event or the delivery
+    /// (empty for a delivery in any other state).
+    pub(crate) fn expired_cause(&self, d: &orbit_sdk::wire::DeliveryInfo) -> String {
+        if d.state != "EXPIRED" {
+            return String::new();
+        }
+        let output: String = self
+            .logs
+            .iter()
+            .filter_map(|log| std::fs::read_to_string(log).ok())
+            .collect::<Vec<_>>()
+            .join("\n");
+        let mut said = lines_naming(&output, &d.event_id);
+        if said == NONE_NAMES_IT {
+            said = lines_naming(&output, d.id.as_str());
+        }
+        for (_, _, hidden) in self.secrets() {
+            said = said.replace(&hidden, secret::MASK);
+        }
+        format!(
+            ": EXPIRED, each of its {} attempts taken and failed until its budget was spent; the receiver's lines for it: {said}",
+            d.attempts
+        )
     }
 
     /// Asks the platform to deliver event `key` again (orbit-dev's `duplicate-event` fault):
@@ -884,6 +911,22 @@ pub(crate) fn leak_in(
         }
     }
     None
+}
+
+/// What [`lines_naming`] says when no line names the key.
+pub(crate) const NONE_NAMES_IT: &str = "none names it";
+
+/// The receiver's last three lines naming `key`, shortened, or that it printed none.
+pub(crate) fn lines_naming(output: &str, key: &str) -> String {
+    let lines: Vec<String> = output
+        .lines()
+        .filter(|l| l.contains(key))
+        .map(|l| l.chars().take(200).collect())
+        .collect();
+    if lines.is_empty() {
+        return NONE_NAMES_IT.into();
+    }
+    lines[lines.len().saturating_sub(3)..].join(" | ")
 }
 
 /// The last three lines of a receiver's output, for a failure message, with the world's

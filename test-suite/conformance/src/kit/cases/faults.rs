@@ -273,8 +273,12 @@ async fn through_outage(ctx: Ctx, outage: Outage) -> Verdict {
         .filter(|d| d.state != "ACKED")
         .map(|d| {
             format!(
-                "{} of event {} {} after {} attempt(s)",
-                d.id, d.event_id, d.state, d.attempts
+                "{} of event {} {} after {} attempt(s){}",
+                d.id,
+                d.event_id,
+                d.state,
+                d.attempts,
+                w.expired_cause(d)
             )
         })
         .collect();

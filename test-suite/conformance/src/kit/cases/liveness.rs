@@ -159,19 +159,6 @@ impl Unacked {
     }
 }
 
-/// The receiver's last three lines naming `key`, shortened, or that it printed none.
-fn lines_naming(output: &str, key: &str) -> String {
-    let lines: Vec<String> = output
-        .lines()
-        .filter(|l| l.contains(key))
-        .map(|l| l.chars().take(200).collect())
-        .collect();
-    if lines.is_empty() {
-        return "none names it".into();
-    }
-    lines[lines.len().saturating_sub(3)..].join(" | ")
-}
-
 /// How far `skewed-clock` puts the platform's clock from the receiver's, each way.
 const SKEW_SECONDS: i64 = 60;
 
