@@ -614,8 +614,20 @@ where
                 // heartbeat judges the stream by clocks that ran on while nothing could read.
                 biased;
                 _ = stop.changed() => {
-                    // Cancelled first: a handler that ended during the drain below would
-                    // never be ACKed (nothing collects it any more), and cost an attempt.
+                    // Handlers that have already finished are ACKed first: their work is
+                    // done (committed, for a receiver), and an ACK left unsent costs their
+                    // delivery a lease. The answers are not waited for.
+                    while let Some(done) = in_flight.try_join_next() {
+                        if let Ok((delivery_id, proof, Ok(()))) = done {
+                            pending.insert(delivery_id.clone(), (proof.clone(), Instant::now()));
+                            if send(&mut link, &ClientMessage::Ack { delivery_id, proof }).await.is_err() {
+                                break;
+                            }
+                        }
+                    }
+                    // The rest are cancelled first: a handler that ended during the drain
+                    // below would never be ACKed (nothing collects it any more), and cost an
+                    // attempt.
                     in_flight.abort_all();
                     released += release_waiting(&mut waiting, &mut link).await;
                     released += release_arriving(&mut link).await;
@@ -1183,6 +1195,29 @@ mod tests {
         let summary = h.stop().await;
         assert!(!finished.load(std::sync::atomic::Ordering::SeqCst));
         assert_eq!(summary.cancelled_handlers, 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_handler_that_finished_as_the_stop_came_is_acked_not_left_to_its_lease() {
+        // The handler itself signals the stop as it ends, so that both are ready when the
+        // loop next looks: the stop must not drop the finished handler's ACK.
+        let stop: Arc<std::sync::OnceLock<watch::Sender<bool>>> = Arc::default();
+        let inside = stop.clone();
+        let mut h = Harness::start(1, CreditGate::new(), move |_| {
+            let inside = inside.clone();
+            async move {
+                let _ = inside.get().expect("the stop is in place").send(true);
+                Ok(())
+            }
+        });
+        let _ = stop.set(std::mem::replace(&mut h.stop, watch::channel(false).0));
+        let mut peer = h.peer();
+        assert_eq!(h.next_event().await, ConsumerEvent::Connected);
+        assert_eq!(credit(peer.next().await), 1);
+        peer.deliver("done");
+        let summary = (&mut h.task).await.unwrap();
+        assert_eq!(acked(peer.next_not_heartbeat().await), "done");
+        assert_eq!(summary.cancelled_handlers, 0);
     }
 
     #[tokio::test(start_paused = true)]

@@ -537,6 +537,16 @@ fn line_time(line: &str) -> Option<f64> {
     Some(result_inbox::canonical::unix_micros(stamp)? as f64 / 1e6)
 }
 
+/// The `attempt=` a consume line names.
+fn attempt_of(line: &str) -> Option<u32> {
+    line.split("attempt=")
+        .nth(1)?
+        .split(|c: char| !c.is_ascii_digit())
+        .next()?
+        .parse()
+        .ok()
+}
+
 /// The consumers' stream reconnects, by the reason their logs give.
 fn reconnects(logs: &[String]) -> BTreeMap<String, usize> {
     let mut by_reason = BTreeMap::new();
@@ -615,12 +625,38 @@ fn reasons(
             .flat_map(|l| l.lines())
             .filter(|l| l.contains(id.as_str()))
             .collect();
-        let redelivered = lines
+        let handled = |l: &&&str| l.contains(" delivery ") || l.contains("delivery not acked");
+        // The last attempt's first line: one lease after the attempt before it was leased
+        // (the earliest line of all would be that earlier attempt's own, when it had one).
+        let last = lines
             .iter()
-            .filter(|l| l.contains(" delivery ") || l.contains("delivery not acked"))
+            .filter(handled)
+            .filter(|l| attempt_of(l) == Some(*n))
             .filter_map(|l| line_time(l))
             .fold(f64::INFINITY, f64::min);
+        let redelivered = if last.is_finite() {
+            last
+        } else {
+            lines
+                .iter()
+                .filter(handled)
+                .filter_map(|l| line_time(l))
+                .fold(f64::INFINITY, f64::min)
+        };
         let leased = redelivered - LEASE.as_secs_f64();
+        // An earlier attempt that was handled to an ACK (its line says so) and whose consumer
+        // stopped right after, before the ACK was sent: the stop cost that attempt.
+        for l in lines.iter().filter(|l| l.contains(" delivery ")) {
+            let (Some(k), Some(t)) = (attempt_of(l), line_time(l)) else {
+                continue;
+            };
+            let stopped = stops
+                .iter()
+                .any(|(began, _)| *began >= t - 1.0 && *began <= t + LEASE.as_secs_f64());
+            if k < *n && stopped && found.len() < (*n as usize) - 1 {
+                found.push("its ACK lost as its consumer stopped".to_owned());
+            }
+        }
         // `leased` is at or after the real start: the expired delivery waits for a consumer
         // with credit. Up to REDELIVERY_DELAY of that wait is allowed.
         let on_the_wire = stops.iter().any(|(began, ended)| {
@@ -1019,7 +1055,7 @@ async fn a_seeded_schedule_of_partitions_pauses_and_kills_leaves_the_ledger_clea
 }
 
 #[test]
-fn an_extra_attempt_needs_a_line_or_a_lease_that_began_as_its_consumer_stopped() {
+fn an_extra_attempt_needs_a_line_or_a_lease_that_began_or_an_ack_lost_as_its_consumer_stopped() {
     assert_eq!(
         line_time("2026-12-05T14:02:22.500000Z  INFO delivery"),
         Some(1_796_479_342.5)
@@ -1046,6 +1082,26 @@ fn an_extra_attempt_needs_a_line_or_a_lease_that_began_as_its_consumer_stopped()
     // A stop long before explains nothing.
     let (_, unexplained) = reasons(&attempts, &logs, &[(stop - 60.0, stop - 50.0)]);
     assert_eq!(unexplained.len(), 1);
+    // d3 was applied at its first attempt (a line that says so), then its consumer stopped
+    // before the ACK went out: the redelivery a lease later is the stop's. Judged by the
+    // earliest line of all (the first attempt's own), the stop seemed to come 15 s after the
+    // lease began, and the attempt went unexplained.
+    let attempts = BTreeMap::from([("d3".to_owned(), 2)]);
+    let logs = vec![format!(
+        "{}\n{}",
+        at("2026-12-05T14:10:00.0Z", "d3", 1),
+        at("2026-12-05T14:10:16.0Z", "d3", 2)
+    )];
+    let applied = 1_796_479_800.0;
+    let (counted, unexplained) = reasons(&attempts, &logs, &[(applied + 0.2, applied + 1.5)]);
+    assert!(unexplained.is_empty(), "{unexplained:?}");
+    assert_eq!(counted["its ACK lost as its consumer stopped"], 1);
+    let (_, unexplained) = reasons(&attempts, &logs, &[]);
+    assert_eq!(unexplained.len(), 1, "no stop: no reason");
+    assert_eq!(
+        attempt_of("x delivery_id=\"d\" attempt=12 retries=0"),
+        Some(12)
+    );
 }
 
 #[test]
