@@ -918,10 +918,20 @@ pub(crate) const NONE_NAMES_IT: &str = "none names it";
 
 /// The receiver's last three lines naming `key`, shortened, or that it printed none.
 pub(crate) fn lines_naming(output: &str, key: &str) -> String {
+    // A line's words from the first that names a classification or the key (a timestamp and
+    // a level before them tell the reader nothing here), shortened.
+    let shown = |l: &str| -> String {
+        let from = ["classification", key]
+            .iter()
+            .filter_map(|w| l.find(w))
+            .min()
+            .unwrap_or(0);
+        l[from..].chars().take(160).collect()
+    };
     let lines: Vec<String> = output
         .lines()
         .filter(|l| l.contains(key))
-        .map(|l| l.chars().take(200).collect())
+        .map(shown)
         .collect();
     if lines.is_empty() {
         return NONE_NAMES_IT.into();

@@ -271,14 +271,20 @@ async fn through_outage(ctx: Ctx, outage: Outage) -> Verdict {
     let open: Vec<String> = deliveries
         .iter()
         .filter(|d| d.state != "ACKED")
-        .map(|d| {
+        .enumerate()
+        .map(|(i, d)| {
+            // The receiver's lines for the first only: the others are alike.
             format!(
                 "{} of event {} {} after {} attempt(s){}",
                 d.id,
                 d.event_id,
                 d.state,
                 d.attempts,
-                w.expired_cause(d)
+                if i == 0 {
+                    w.expired_cause(d)
+                } else {
+                    String::new()
+                }
             )
         })
         .collect();
