@@ -135,7 +135,7 @@ pub enum Mutant {
     /// clock (less the margin for the ACK), not the receipt time and the lease length: with
     /// the platform's clock behind, every apply has run out before it starts (R-STORE-9).
     DeadlineFromExpiresAt,
-    /// The health probe gives up once an outage has lasted 20 s, its hold left on: after a
+    /// The health probe gives up once an outage has lasted 10 s, its hold left on: after a
     /// longer outage `consume` never takes a delivery again (R-CLI-6).
     ProbeGivesUp,
     /// The SDK grants a credit for every delivery as it arrives, as well as when it finishes:

@@ -131,7 +131,7 @@ pub async fn consume(
         } else {
             crate::consume::Seams::PROGRAM.deadline
         },
-        probe_patience: is(Mutant::ProbeGivesUp).then_some(std::time::Duration::from_secs(20)),
+        probe_patience: is(Mutant::ProbeGivesUp).then_some(std::time::Duration::from_secs(10)),
         apply,
         store_options: hook_store,
         consumer: |consumer| {

@@ -118,8 +118,8 @@ pub(crate) async fn sigterm(ctx: Ctx) -> Verdict {
 const HELD_COMMIT_MS: u64 = 3000;
 
 pub(crate) async fn sigterm_mid_apply(ctx: Ctx) -> Verdict {
-    // A lease long enough for an apply budget past the held COMMIT.
-    let mut w = World::start(&ctx, 10).await;
+    // A lease long enough for an apply budget past the held COMMIT (5 s of 6).
+    let mut w = World::start(&ctx, 6).await;
     let proxy = w.behind_proxy().await;
     let mut p = w.running().await?;
     let rule = proxy
@@ -149,7 +149,12 @@ pub(crate) async fn sigterm_mid_apply(ctx: Ctx) -> Verdict {
     let signalled = Instant::now();
     let _ = p.signal(Signal::SIGTERM);
     let mut exited = None;
-    while signalled.elapsed() < Duration::from_millis(10_000 + HELD_COMMIT_MS) {
+    // Until the held COMMIT has reached the server and a second more has passed with consume
+    // gone (an ACK it sent is recorded by then), or 10 s past the hold.
+    let settled = Duration::from_millis(HELD_COMMIT_MS + 1000);
+    while signalled.elapsed() < Duration::from_millis(10_000 + HELD_COMMIT_MS)
+        && !(exited.is_some() && signalled.elapsed() > settled)
+    {
         for (key, id) in &deliveries {
             if w.delivery(id).await.state == "ACKED" {
                 ensure!(

@@ -223,7 +223,7 @@ pub(crate) async fn skewed_clock(ctx: Ctx) -> Verdict {
 
 /// How long `long-outage` keeps the receiver's database down: longer than a probe that
 /// gives up after a while would wait.
-const LONG_OUTAGE: Duration = Duration::from_secs(30);
+const LONG_OUTAGE: Duration = Duration::from_secs(20);
 
 pub(crate) async fn long_outage(ctx: Ctx) -> Verdict {
     let mut w = World::with_own_server(&ctx, SHORT_LEASE, BUDGET).await;
@@ -250,9 +250,9 @@ pub(crate) async fn long_outage(ctx: Ctx) -> Verdict {
         "R-CLI-6 (after its database was down {} s, the receiver takes and applies deliveries again: probe for as long as an outage lasts; docs/receiver-contract.md, \"An outage of your database\")",
         LONG_OUTAGE.as_secs()
     );
-    w.acked(&ids, Duration::from_secs(30), &rule).await?;
+    w.acked(&ids, Duration::from_secs(20), &rule).await?;
     Ok(format!(
-        "{} events sent during and after a {} s outage: every one ACKed within 30 s of the restart",
+        "{} events sent during and after a {} s outage: every one ACKed within 20 s of the restart",
         ids.len(),
         LONG_OUTAGE.as_secs()
     ))
