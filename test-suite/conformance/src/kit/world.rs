@@ -918,14 +918,10 @@ pub(crate) const NONE_NAMES_IT: &str = "none names it";
 
 /// The receiver's last three lines naming `key`, shortened, or that it printed none.
 pub(crate) fn lines_naming(output: &str, key: &str) -> String {
-    // A line's words from the first that names a classification or the key (a timestamp and
-    // a level before them tell the reader nothing here), shortened.
+    // A line from its classification on when it names one (the timestamp and level before it
+    // tell the reader nothing here), shortened.
     let shown = |l: &str| -> String {
-        let from = ["classification", key]
-            .iter()
-            .filter_map(|w| l.find(w))
-            .min()
-            .unwrap_or(0);
+        let from = l.find("classification=").unwrap_or(0);
         l[from..].chars().take(160).collect()
     };
     let lines: Vec<String> = output
