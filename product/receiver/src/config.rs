@@ -207,7 +207,8 @@ fn subscription_id(
 ) -> Option<orbit_sdk::SubscriptionId> {
     let problem = match source.get(ORBIT_SUBSCRIPTION_ID) {
         Some(s) if s.len() == 32 && s.bytes().all(|b| b.is_ascii_alphanumeric()) => {
-            return Some(s.into())
+            // 32 letters and digits always hold the id rule.
+            return orbit_sdk::SubscriptionId::new(s).ok();
         }
         Some(_) => "must be a 32-character subscription id (letters and digits)",
         None => missing,

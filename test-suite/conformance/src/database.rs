@@ -125,7 +125,7 @@ impl ReceiverDb {
             .expect("the proxy starts")
     }
 
-    /// The embedding example's own table (`product/inbox/examples/embed.rs`), with the runtime
+    /// The embedding example's own table (`product/result-inbox/examples/embed.rs`), with the runtime
     /// account's SELECT and INSERT on it.
     pub async fn customer_notices(&self) {
         let mut admin = self.admin().await;

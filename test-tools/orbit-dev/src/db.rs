@@ -4,7 +4,7 @@
 use std::str::FromStr;
 use std::time::Duration;
 
-use orbit_sdk::wire::{DeliveryInfo, Subscription, Task};
+use orbit_wire::{DeliveryInfo, Subscription, Task};
 use serde_json::value::RawValue;
 use sha2::{Digest, Sha256};
 use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions, MySqlRow};
@@ -248,10 +248,19 @@ pub const TASK_COLUMNS: &str = "id, namespace, queue_id, state, version, result,
      DATE_FORMAT(created_at, '%Y-%m-%dT%H:%i:%s.%fZ') AS created, \
      DATE_FORMAT(updated_at, '%Y-%m-%dT%H:%i:%s.%fZ') AS updated";
 
+/// A platform id read back from its column: the platform made it, so a refusal is a decode error.
+fn id_column<T: TryFrom<String, Error = orbit_wire::IdentityError>>(
+    r: &MySqlRow,
+    column: &str,
+) -> Result<T, sqlx::Error> {
+    T::try_from(r.try_get_unchecked::<String, _>(column)?)
+        .map_err(|e| sqlx::Error::Decode(Box::new(e)))
+}
+
 pub fn subscription_from_row(r: &MySqlRow) -> Result<Subscription, sqlx::Error> {
     let types: String = r.try_get_unchecked("event_types")?;
     Ok(Subscription {
-        id: r.try_get_unchecked::<String, _>("id")?.into(),
+        id: id_column(r, "id")?,
         namespace: r.try_get_unchecked("namespace")?,
         queue_id: r.try_get_unchecked("queue_id")?,
         event_types: types
@@ -272,8 +281,8 @@ pub const SUBSCRIPTION_COLUMNS: &str =
 
 pub fn delivery_from_row(r: &MySqlRow) -> Result<DeliveryInfo, sqlx::Error> {
     Ok(DeliveryInfo {
-        id: r.try_get_unchecked::<String, _>("id")?.into(),
-        subscription_id: r.try_get_unchecked::<String, _>("subscription_id")?.into(),
+        id: id_column(r, "id")?,
+        subscription_id: id_column(r, "subscription_id")?,
         event_id: r.try_get_unchecked("event_id")?,
         event_type: r.try_get_unchecked("event_type")?,
         task_id: r.try_get_unchecked("task_id")?,

@@ -14,11 +14,11 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
-use orbit_sdk::wire::{
+use orbit_wire::{Credentials, Token};
+use orbit_wire::{
     SCOPE_EVENTS_CONSUME, SCOPE_EVENTS_MANAGE, SCOPE_EVENTS_READ, SCOPE_TASKS_CANCEL,
     SCOPE_TASKS_SUBMIT,
 };
-use orbit_sdk::{Credentials, Token};
 use tokio::sync::Notify;
 
 const SERVE_USAGE: &str = "  orbit-dev serve [--listen 127.0.0.1:8080] [--lease-seconds 30] [--max-attempts 5] [--window 64]

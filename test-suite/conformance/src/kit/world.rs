@@ -677,7 +677,7 @@ fn delivery_ids(reply: &serde_json::Value) -> Vec<DeliveryId> {
         .as_array()
         .expect("deliveries")
         .iter()
-        .filter_map(|d| d.as_str().map(DeliveryId::from))
+        .filter_map(|d| d.as_str().and_then(|t| DeliveryId::new(t).ok()))
         .collect()
 }
 

@@ -6,7 +6,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use conformance::{bare_command, eventually, receiver_bin, spawn, OrbitDev, QUEUE};
-use orbit_sdk::DeliveryFilter;
+use orbit_sdk::{DeliveryFilter, SubscriptionId};
 use sqlx::{Connection, Executor, MySqlConnection, Row};
 
 fn receiver(args: &[&str], env: &[(&str, String)]) -> Command {
@@ -186,7 +186,10 @@ async fn another_programs_event_is_refused_and_the_demo_still_succeeds() {
                 .try_get_unchecked(0)
                 .unwrap();
         let deliveries = client
-            .list_deliveries(&sub.into(), &DeliveryFilter::default())
+            .list_deliveries(
+                &SubscriptionId::new(sub).unwrap(),
+                &DeliveryFilter::default(),
+            )
             .await
             .unwrap();
         let foreign: Vec<_> = deliveries.iter().filter(|d| d.task_id != task).collect();

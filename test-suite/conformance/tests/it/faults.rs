@@ -307,7 +307,7 @@ async fn a_lost_ack_and_a_killed_process_end_in_a_dedup_after_the_lease() {
         .wait_barrier("after_ack_sent", Duration::from_secs(20))
         .await;
     let delivery = client
-        .get_delivery(&DeliveryId::from(hit.key.as_str()))
+        .get_delivery(&DeliveryId::new(hit.key.as_str()).unwrap())
         .await
         .unwrap();
     first.sigkill();
@@ -362,7 +362,7 @@ async fn a_lost_ack_reply_and_a_killed_process_leave_the_delivery_acked_once() {
         .await;
     let acked = delivery_reaches(
         &client,
-        &hit.key.as_str().into(),
+        &DeliveryId::new(hit.key.as_str()).unwrap(),
         "ACKED",
         Duration::from_secs(10),
     )

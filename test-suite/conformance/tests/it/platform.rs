@@ -127,7 +127,7 @@ async fn lease_expiry_redelivers_with_a_new_proof_and_acks_are_checked() {
     assert_eq!(next_raw(&mut ws).await["result"], "already_acked");
 
     let d = client
-        .get_delivery(&DeliveryId::from(id.as_str()))
+        .get_delivery(&DeliveryId::new(id.as_str()).unwrap())
         .await
         .unwrap();
     assert_eq!((d.state.as_str(), d.attempts), ("ACKED", 2));
@@ -144,7 +144,7 @@ async fn a_released_lease_goes_back_pending_without_spending_an_attempt() {
     let first = next_raw(&mut ws).await;
     let id = first["delivery_id"].as_str().unwrap().to_owned();
     let proof = first["proof"].as_str().unwrap().to_owned();
-    let delivery_id = DeliveryId::from(id.as_str());
+    let delivery_id = DeliveryId::new(id.as_str()).unwrap();
 
     // Another proof changes nothing. (Releases are recorded before the ACKs read with them,
     // so the answer to an ACK sent after it shows it was recorded.)

@@ -276,7 +276,7 @@ async fn a_prune_during_a_duplicate_s_verdict_waits_and_the_duplicate_is_acked_a
     assert_eq!(orbit.inbox_rows(&event_id).await, 1);
     consumer.release();
 
-    let id = orbit_sdk::DeliveryId::from(again.as_str());
+    let id = orbit_sdk::DeliveryId::new(again.as_str()).unwrap();
     let acked = conformance::wait::poll(
         Duration::from_secs(20),
         Duration::from_millis(50),

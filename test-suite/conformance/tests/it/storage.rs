@@ -708,7 +708,7 @@ async fn an_apply_past_its_time_budget_fails_without_committing() {
     );
 }
 
-/// The example of embedding the core (`product/inbox/examples/embed.rs`), run as a user would: its own
+/// The example of embedding the core (`product/result-inbox/examples/embed.rs`), run as a user would: its own
 /// table written in the same transaction as the inbox row and the view.
 #[tokio::test]
 async fn the_embedding_example_writes_its_own_row_in_the_apply_transaction() {

@@ -3,7 +3,7 @@
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::Json;
-use orbit_sdk::wire::CredentialInfo;
+use orbit_wire::CredentialInfo;
 use sqlx::Row;
 
 use super::{ApiError, ApiResult, Platform, Shared};

@@ -4,7 +4,7 @@ use axum::extract::rejection::{JsonRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
 use axum::http::HeaderMap;
 use axum::Json;
-use orbit_sdk::wire::{AckedPage, AddBudget, Redeliver, SCOPE_EVENTS_MANAGE, SCOPE_EVENTS_READ};
+use orbit_wire::{AckedPage, AddBudget, Redeliver, SCOPE_EVENTS_MANAGE, SCOPE_EVENTS_READ};
 use serde::Deserialize;
 use sqlx::Row;
 
@@ -25,7 +25,7 @@ pub(super) async fn list_deliveries(
     headers: HeaderMap,
     Path(id): Path<String>,
     query: Result<Query<DeliveryQuery>, QueryRejection>,
-) -> ApiResult<Json<Vec<orbit_sdk::wire::DeliveryInfo>>> {
+) -> ApiResult<Json<Vec<orbit_wire::DeliveryInfo>>> {
     let Query(q) = query?;
     let c = caller(&p, &headers).await?;
     c.need(SCOPE_EVENTS_READ)?;
@@ -230,7 +230,7 @@ pub(super) async fn redeliver(
     headers: HeaderMap,
     Path(id): Path<String>,
     body: Result<Json<Redeliver>, JsonRejection>,
-) -> ApiResult<Json<orbit_sdk::wire::DeliveryInfo>> {
+) -> ApiResult<Json<orbit_wire::DeliveryInfo>> {
     let c = caller(&p, &headers).await?;
     c.need(SCOPE_EVENTS_MANAGE)?;
     let req = match body {
@@ -268,7 +268,7 @@ async fn visible_delivery(
     p: &Platform,
     c: &Caller,
     id: &str,
-) -> ApiResult<orbit_sdk::wire::DeliveryInfo> {
+) -> ApiResult<orbit_wire::DeliveryInfo> {
     let row = sqlx::query(&format!(
         "SELECT {} FROM orbit_deliveries WHERE id = ?",
         db::DELIVERY_COLUMNS
@@ -289,7 +289,7 @@ pub(super) async fn get_delivery(
     State(p): State<Shared>,
     headers: HeaderMap,
     Path(id): Path<String>,
-) -> ApiResult<Json<orbit_sdk::wire::DeliveryInfo>> {
+) -> ApiResult<Json<orbit_wire::DeliveryInfo>> {
     let c = caller(&p, &headers).await?;
     c.need(SCOPE_EVENTS_READ)?;
     Ok(Json(visible_delivery(&p, &c, &id).await?))
@@ -300,7 +300,7 @@ pub(super) async fn add_budget(
     headers: HeaderMap,
     Path(id): Path<String>,
     body: Result<Json<AddBudget>, JsonRejection>,
-) -> ApiResult<Json<orbit_sdk::wire::DeliveryInfo>> {
+) -> ApiResult<Json<orbit_wire::DeliveryInfo>> {
     let c = caller(&p, &headers).await?;
     c.need(SCOPE_EVENTS_MANAGE)?;
     let Json(req) = body?;
@@ -325,7 +325,7 @@ pub(super) async fn discard(
     State(p): State<Shared>,
     headers: HeaderMap,
     Path(id): Path<String>,
-) -> ApiResult<Json<orbit_sdk::wire::DeliveryInfo>> {
+) -> ApiResult<Json<orbit_wire::DeliveryInfo>> {
     let c = caller(&p, &headers).await?;
     c.need(SCOPE_EVENTS_MANAGE)?;
     from_expired(
@@ -349,7 +349,7 @@ async fn from_expired(
     state: &str,
     add: u32,
     refusal: &'static str,
-) -> ApiResult<Json<orbit_sdk::wire::DeliveryInfo>> {
+) -> ApiResult<Json<orbit_wire::DeliveryInfo>> {
     visible_delivery(p, c, id).await?;
     let changed = sqlx::query(
         "UPDATE orbit_deliveries SET budget = budget + ?, state = ?, updated_at = UTC_TIMESTAMP(6) \

@@ -7,8 +7,8 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use orbit_sdk::wire::{AckResult, LeaseProof, ServerMessage};
-use orbit_sdk::DeliveryId;
+use orbit_wire::DeliveryId;
+use orbit_wire::{AckResult, LeaseProof, ServerMessage};
 use serde_json::value::RawValue;
 use sqlx::{MySql, Row, Transaction};
 
@@ -256,7 +256,8 @@ async fn lease_in(
         let event = RawValue::from_string(String::from_utf8_lossy(&body).into_owned())
             .map_err(|e| sqlx::Error::Decode(Box::new(e)))?;
         messages.push(ServerMessage::Delivery {
-            delivery_id: delivery_id.into(),
+            delivery_id: DeliveryId::new(delivery_id)
+                .map_err(|e| sqlx::Error::Decode(Box::new(e)))?,
             attempt,
             proof: LeaseProof::new(proof),
             lease_expires_at: wire_expires.clone(),

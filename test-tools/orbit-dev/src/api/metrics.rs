@@ -15,7 +15,7 @@ use prometheus_client::registry::Registry;
 use sqlx::Row;
 
 use super::Shared;
-use orbit_sdk::AckResult;
+use orbit_wire::AckResult;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct StateLabel {

@@ -9,7 +9,7 @@ use axum::extract::{Path, State};
 use axum::http::HeaderMap;
 use axum::response::Response;
 use futures_util::{FutureExt, SinkExt};
-use orbit_sdk::wire::{AckResult, ClientMessage, ServerMessage, SCOPE_EVENTS_CONSUME};
+use orbit_wire::{AckResult, ClientMessage, ServerMessage, SCOPE_EVENTS_CONSUME};
 
 use super::auth::caller;
 use super::leasing::{ack_one, pending_count, turn, AckAnswer, Inbound, Lease};
@@ -304,7 +304,7 @@ async fn answer_one_by_one(
 /// Sends one ACK's answer; `false` when the stream is gone.
 async fn answer(
     socket: &mut WebSocket,
-    delivery_id: orbit_sdk::DeliveryId,
+    delivery_id: orbit_wire::DeliveryId,
     given: AckAnswer,
 ) -> bool {
     let (result, reason) = given;

@@ -4,7 +4,7 @@ use axum::extract::rejection::JsonRejection;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::Json;
-use orbit_sdk::wire::{CreateSubscription, EVENT_TYPES, SCOPE_EVENTS_MANAGE, SCOPE_EVENTS_READ};
+use orbit_wire::{CreateSubscription, EVENT_TYPES, SCOPE_EVENTS_MANAGE, SCOPE_EVENTS_READ};
 use sqlx::Row;
 
 use super::auth::{caller, Caller};
@@ -15,7 +15,7 @@ pub(super) async fn create_subscription(
     State(p): State<Shared>,
     headers: HeaderMap,
     body: Result<Json<CreateSubscription>, JsonRejection>,
-) -> ApiResult<(StatusCode, Json<orbit_sdk::wire::Subscription>)> {
+) -> ApiResult<(StatusCode, Json<orbit_wire::Subscription>)> {
     let c = caller(&p, &headers).await?;
     c.need(SCOPE_EVENTS_MANAGE)?;
     let Json(req) = body?;
@@ -61,7 +61,7 @@ pub(super) async fn create_subscription(
     Ok((StatusCode::CREATED, Json(load_subscription(&p, &id).await?)))
 }
 
-async fn load_subscription(p: &Platform, id: &str) -> ApiResult<orbit_sdk::wire::Subscription> {
+async fn load_subscription(p: &Platform, id: &str) -> ApiResult<orbit_wire::Subscription> {
     let row = sqlx::query(&format!(
         "SELECT {} FROM orbit_subscriptions WHERE id = ?",
         db::SUBSCRIPTION_COLUMNS
@@ -79,7 +79,7 @@ pub(super) async fn visible_subscription(
     p: &Platform,
     c: &Caller,
     id: &str,
-) -> ApiResult<orbit_sdk::wire::Subscription> {
+) -> ApiResult<orbit_wire::Subscription> {
     let s = load_subscription(p, id).await?;
     if s.namespace != c.namespace {
         return Err(ApiError::not_found("subscription"));
@@ -92,7 +92,7 @@ pub(super) async fn get_subscription(
     State(p): State<Shared>,
     headers: HeaderMap,
     Path(id): Path<String>,
-) -> ApiResult<Json<orbit_sdk::wire::Subscription>> {
+) -> ApiResult<Json<orbit_wire::Subscription>> {
     let c = caller(&p, &headers).await?;
     c.need(SCOPE_EVENTS_READ)?;
     Ok(Json(visible_subscription(&p, &c, &id).await?))
@@ -103,7 +103,7 @@ async fn set_enabled(
     headers: &HeaderMap,
     id: &str,
     on: bool,
-) -> ApiResult<Json<orbit_sdk::wire::Subscription>> {
+) -> ApiResult<Json<orbit_wire::Subscription>> {
     let c = caller(p, headers).await?;
     c.need(SCOPE_EVENTS_MANAGE)?;
     visible_subscription(p, &c, id).await?;
@@ -120,7 +120,7 @@ pub(super) async fn pause(
     State(p): State<Shared>,
     headers: HeaderMap,
     Path(id): Path<String>,
-) -> ApiResult<Json<orbit_sdk::wire::Subscription>> {
+) -> ApiResult<Json<orbit_wire::Subscription>> {
     set_enabled(&p, &headers, &id, false).await
 }
 
@@ -128,6 +128,6 @@ pub(super) async fn resume(
     State(p): State<Shared>,
     headers: HeaderMap,
     Path(id): Path<String>,
-) -> ApiResult<Json<orbit_sdk::wire::Subscription>> {
+) -> ApiResult<Json<orbit_wire::Subscription>> {
     set_enabled(&p, &headers, &id, true).await
 }

@@ -5,7 +5,7 @@ use axum::extract::rejection::JsonRejection;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::Json;
-use orbit_sdk::wire::{
+use orbit_wire::{
     ReportTask, SubmitTask, SCOPE_EVENTS_READ, SCOPE_TASKS_CANCEL, SCOPE_TASKS_SUBMIT,
 };
 use serde_json::value::RawValue;
@@ -15,7 +15,7 @@ use super::auth::{caller, Caller};
 use super::{ApiError, ApiResult, Platform, Shared, MAX_EVENT_BYTES};
 use crate::db::{self, random_hex};
 
-async fn load_task(p: &Platform, id: &str) -> ApiResult<orbit_sdk::wire::Task> {
+async fn load_task(p: &Platform, id: &str) -> ApiResult<orbit_wire::Task> {
     let row = sqlx::query(&format!(
         "SELECT {} FROM orbit_tasks WHERE id = ?",
         db::TASK_COLUMNS
@@ -28,7 +28,7 @@ async fn load_task(p: &Platform, id: &str) -> ApiResult<orbit_sdk::wire::Task> {
 }
 
 /// A task the caller may see.
-async fn visible_task(p: &Platform, c: &Caller, id: &str) -> ApiResult<orbit_sdk::wire::Task> {
+async fn visible_task(p: &Platform, c: &Caller, id: &str) -> ApiResult<orbit_wire::Task> {
     let task = load_task(p, id).await?;
     if task.namespace != c.namespace {
         return Err(ApiError::not_found("task"));
@@ -42,7 +42,7 @@ pub(super) async fn submit_task(
     headers: HeaderMap,
     Path(queue): Path<String>,
     body: Result<Json<SubmitTask>, JsonRejection>,
-) -> ApiResult<(StatusCode, Json<orbit_sdk::wire::Task>)> {
+) -> ApiResult<(StatusCode, Json<orbit_wire::Task>)> {
     let c = caller(&p, &headers).await?;
     c.need(SCOPE_TASKS_SUBMIT)?;
     c.bound(&c.namespace, &queue)?;
@@ -71,7 +71,7 @@ pub(super) async fn get_task(
     State(p): State<Shared>,
     headers: HeaderMap,
     Path(id): Path<String>,
-) -> ApiResult<Json<orbit_sdk::wire::Task>> {
+) -> ApiResult<Json<orbit_wire::Task>> {
     let c = caller(&p, &headers).await?;
     c.need(SCOPE_TASKS_SUBMIT)
         .or_else(|_| c.need(SCOPE_EVENTS_READ))?;
@@ -86,7 +86,7 @@ async fn transition(
     state: &str,
     event_type: &str,
     result: Option<&RawValue>,
-) -> ApiResult<orbit_sdk::wire::Task> {
+) -> ApiResult<orbit_wire::Task> {
     visible_task(p, c, id).await?;
     let mut tx = p.pool.begin().await?;
     let current: String = sqlx::query("SELECT state FROM orbit_tasks WHERE id = ? FOR UPDATE")
@@ -120,7 +120,7 @@ pub(super) async fn cancel_task(
     State(p): State<Shared>,
     headers: HeaderMap,
     Path(id): Path<String>,
-) -> ApiResult<Json<orbit_sdk::wire::Task>> {
+) -> ApiResult<Json<orbit_wire::Task>> {
     let c = caller(&p, &headers).await?;
     c.need(SCOPE_TASKS_CANCEL)?;
     Ok(Json(
@@ -133,7 +133,7 @@ pub(super) async fn report_task(
     headers: HeaderMap,
     Path(id): Path<String>,
     body: Result<Json<ReportTask>, JsonRejection>,
-) -> ApiResult<Json<orbit_sdk::wire::Task>> {
+) -> ApiResult<Json<orbit_wire::Task>> {
     let c = caller(&p, &headers).await?;
     c.need(SCOPE_TASKS_SUBMIT)?;
     let Json(report) = body?;

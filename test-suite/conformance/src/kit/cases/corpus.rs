@@ -50,7 +50,10 @@ pub(crate) async fn canonical_corpus(ctx: Ctx) -> Verdict {
     for (i, e) in corpus.iter().enumerate() {
         let reply = w.fault(serde_json::json!({"fault": "inject-event", "body": e.body}));
         for d in reply["deliveries"].as_array().into_iter().flatten() {
-            deliveries.push((DeliveryId::from(d.as_str().expect("a delivery id")), i));
+            deliveries.push((
+                DeliveryId::new(d.as_str().expect("a delivery id")).expect("a delivery id"),
+                i,
+            ));
         }
     }
     assert_eq!(deliveries.len(), corpus.len(), "one delivery per event");

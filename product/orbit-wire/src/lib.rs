@@ -1,5 +1,7 @@
-//! The Orbit protocol's JSON shapes, shared by the SDK and the development platform.
-//! `docs/orbit-protocol.md` is the contract these types follow.
+//! The Orbit protocol's contract, shared by both sides: the SDK that consumes and `orbit-dev`
+//! that serves. Its JSON shapes, the scopes and event types, the platform's ids, the credentials
+//! file, and the protocol's version. `docs/orbit-protocol.md` is the contract these types follow;
+//! this crate holds no client and no server, so neither side links the other's stack.
 //!
 //! Event bodies and results travel as raw JSON (`RawValue`): their exact text, big integers and
 //! decimal spellings included, reaches the handler untouched.
@@ -7,7 +9,27 @@
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
-pub use crate::ids::{DeliveryId, SubscriptionId};
+pub mod credentials;
+
+pub use credentials::{Credentials, CredentialsError, Token};
+pub use platform_id::IdentityError;
+
+/// The protocol's version: every path of the HTTP API and the stream starts with `/v1/`.
+pub const PROTOCOL_VERSION: &str = "v1";
+
+/// The path of the API's `rest` (which starts with `/`) under this protocol version.
+pub fn api_path(rest: &str) -> String {
+    format!("/{PROTOCOL_VERSION}{rest}")
+}
+
+platform_id::platform_id!(
+    /// A subscription's id (the platform issues 32 characters).
+    SubscriptionId
+);
+platform_id::platform_id!(
+    /// A delivery's id: one event for one subscription, over all its attempts.
+    DeliveryId
+);
 
 /// Scope: read subscriptions and deliveries.
 pub const SCOPE_EVENTS_READ: &str = "events:read";

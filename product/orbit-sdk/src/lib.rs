@@ -1,4 +1,4 @@
-//! The Orbit consumer SDK: wire types, an HTTP [`Client`] for tasks, subscriptions, deliveries
+//! The Orbit consumer SDK: the wire contract (re-exported from `orbit-wire`), an HTTP [`Client`] for tasks, subscriptions, deliveries
 //! and budgets, [`Credentials`], and the [`EventConsumer`] that receives deliveries over a
 //! WebSocket stream and ACKs each one with its lease proof only after the handler succeeded.
 //!
@@ -8,18 +8,19 @@
 
 pub mod client;
 pub mod consumer;
-pub mod credentials;
-pub mod ids;
 mod link;
 pub mod trust;
-pub mod wire;
+
+/// The protocol's contract, from the crate both sides share.
+pub use orbit_wire as wire;
+pub use orbit_wire::credentials;
 
 pub use client::{Client, DeliveryFilter, SdkError, TransportError};
 pub use consumer::{
     ConsumerEvent, CreditGate, Delivery, EventConsumer, HandlerError, Release, Running, Summary,
 };
 pub use credentials::{Credentials, CredentialsError, Token};
-pub use ids::{DeliveryId, SubscriptionId};
 pub use link::{StreamError, MAX_MESSAGE_BYTES};
+pub use orbit_wire::{DeliveryId, SubscriptionId};
 pub use trust::{Trust, TrustError};
 pub use wire::AckResult;

@@ -10,12 +10,12 @@ use serde_json::value::RawValue;
 use endpoint::tls::TlsProblem;
 
 use crate::credentials::Token;
-use crate::ids::{DeliveryId, SubscriptionId};
 use crate::trust::{Trust, TrustError};
 use crate::wire::{
     AckedPage, AddBudget, CreateSubscription, CredentialInfo, DeliveryInfo, ErrorBody, Redeliver,
     ReportTask, SubmitTask, Subscription, Task,
 };
+use orbit_wire::{DeliveryId, SubscriptionId};
 
 /// Why a call failed. Never contains a token or a proof.
 #[derive(Debug, thiserror::Error)]

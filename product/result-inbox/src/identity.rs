@@ -6,8 +6,7 @@
 
 use std::fmt;
 
-/// The longest identity the schema stores (`VARBINARY(128)`).
-pub const MAX_ID_BYTES: usize = 128;
+pub use platform_id::{IdentityError, MAX_ID_BYTES};
 
 /// The longest consumer name (`VARBINARY(64)`).
 pub const MAX_CONSUMER_NAME: usize = 64;
@@ -15,75 +14,15 @@ pub const MAX_CONSUMER_NAME: usize = 64;
 /// The consumer name used when `RECEIVER_NAME` is not set.
 pub const DEFAULT_CONSUMER_NAME: &str = "task-result-view";
 
-/// Why a string is not a valid identity.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum IdentityError {
-    #[error("is empty")]
-    Empty,
-    #[error("is {0} bytes long, over the limit of {1}")]
-    TooLong(usize, usize),
-    #[error("contains a control character")]
-    Control,
-    #[error("must be ASCII letters, digits, '.', '_' or '-', starting with a letter or digit")]
-    Charset,
-}
-
-fn check_id(s: &str, max: usize) -> Result<(), IdentityError> {
-    if s.is_empty() {
-        return Err(IdentityError::Empty);
-    }
-    if s.len() > max {
-        return Err(IdentityError::TooLong(s.len(), max));
-    }
-    if s.chars().any(char::is_control) {
-        return Err(IdentityError::Control);
-    }
-    Ok(())
-}
-
-macro_rules! platform_id {
-    ($(#[$doc:meta])* $name:ident) => {
-        $(#[$doc])*
-        #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-        pub struct $name(String);
-
-        impl $name {
-            /// Validates `s`: 1 to 128 bytes of UTF-8 with no control characters.
-            pub fn new(s: impl Into<String>) -> Result<Self, IdentityError> {
-                let s = s.into();
-                check_id(&s, MAX_ID_BYTES)?;
-                Ok($name(s))
-            }
-
-            /// The identity as text.
-            pub fn as_str(&self) -> &str {
-                &self.0
-            }
-        }
-
-        impl fmt::Display for $name {
-            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str(&self.0)
-            }
-        }
-
-        impl fmt::Debug for $name {
-            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                write!(f, "{}({:?})", stringify!($name), self.0)
-            }
-        }
-    };
-}
-
-platform_id!(
+platform_id::platform_id!(
     /// An Orbit queue id, e.g. `inbox-demo`.
     QueueId
 );
-platform_id!(
+platform_id::platform_id!(
     /// An Orbit event id, unique per delivered event.
     EventId
 );
-platform_id!(
+platform_id::platform_id!(
     /// An Orbit task id.
     TaskId
 );
@@ -155,21 +94,5 @@ mod tests {
             assert_eq!(ConsumerName::new(bad), Err(IdentityError::Charset), "{bad}");
         }
         assert_eq!(ConsumerName::default().as_str(), "task-result-view");
-    }
-
-    #[test]
-    fn platform_ids() {
-        assert!(EventId::new("evt-é").is_ok());
-        assert!(EventId::new("x".repeat(128)).is_ok());
-        assert_eq!(
-            EventId::new("x".repeat(129)),
-            Err(IdentityError::TooLong(129, 128))
-        );
-        assert_eq!(TaskId::new(""), Err(IdentityError::Empty));
-        assert_eq!(QueueId::new("a\u{0}b"), Err(IdentityError::Control));
-        assert_ne!(
-            EventId::new("evt-A").unwrap(),
-            EventId::new("evt-a").unwrap()
-        );
     }
 }

@@ -142,18 +142,6 @@ impl Credentials {
         Ok(creds)
     }
 
-    /// [`Credentials::resolve`] from `ORBIT_CREDENTIALS_FILE`, `ORBIT_TOKEN`, `ORBIT_QUEUE_ID`.
-    #[allow(clippy::disallowed_methods)] // the SDK's one documented read of the environment
-    pub fn from_env() -> Result<Credentials, CredentialsError> {
-        let var = |name| std::env::var(name).ok();
-        let file = var(ORBIT_CREDENTIALS_FILE).filter(|f| !f.is_empty());
-        Credentials::resolve(
-            file.as_deref().map(Path::new),
-            var(ORBIT_TOKEN),
-            var(ORBIT_QUEUE_ID),
-        )
-    }
-
     /// Writes the file with mode 0600 into an existing directory; an existing file is an
     /// `AlreadyExists` error unless `replace`.
     pub fn write(&self, path: &Path, replace: bool) -> std::io::Result<()> {

@@ -47,10 +47,10 @@ use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::Instant;
 
 use crate::client::Client;
-use crate::ids::{DeliveryId, SubscriptionId};
 pub use crate::link::StreamError;
 use crate::link::{Connector, Link, WsConnector};
 use crate::wire::{AckResult, ClientMessage, LeaseProof, ServerMessage};
+use orbit_wire::{DeliveryId, SubscriptionId};
 
 /// How often the consumer sends a heartbeat; three periods of silence break the connection.
 pub const HEARTBEAT: Duration = Duration::from_secs(10);
@@ -913,7 +913,7 @@ mod tests {
             F: Future<Output = Result<(), HandlerError>> + Send + 'static,
         {
             let client = Client::new("http://127.0.0.1:9", Token::new("t")).unwrap();
-            let config = EventConsumer::new(client, "s")
+            let config = EventConsumer::new(client, SubscriptionId::new("s").unwrap())
                 .concurrency(concurrency)
                 .prefetch(prefetch)
                 .credit_gate(gate);
@@ -1000,7 +1000,7 @@ mod tests {
         assert_eq!(
             h.next_event().await,
             ConsumerEvent::HandlerFailed {
-                delivery_id: "boom".into(),
+                delivery_id: DeliveryId::new("boom").unwrap(),
                 error: HandlerError::Panicked
             }
         );
