@@ -20,6 +20,7 @@ check: ## Format, lint (warnings denied; the fault build too), build, check the 
 	$(CARGO) clippy -p testdb -p conformance --features conformance/container --all-targets -- -D warnings
 	@$(CARGO) tree -p testdb --features container -e normal --prefix none | grep -qx 'bollard v0.21.1' || { echo "testdb's container backend was proven with bollard 0.21.1 (unversioned API paths, which Debian's engine 20.10 accepts): run make integration-containers before changing it, then update this check"; exit 1; }
 	@! $(CARGO) tree -p orbit-sdk -e normal --prefix none | grep -Ei '^(sqlx|mysql)' || { echo "orbit-sdk must not depend on a database driver"; exit 1; }
+	@! $(CARGO) tree -p orbit-dev -e normal --prefix none | grep -Ei '^(reqwest|orbit-sdk) ' || { echo "orbit-dev (the server) must reach the protocol through orbit-wire, not the SDK's client stack"; exit 1; }
 	@! $(CARGO) tree -p result-inbox -e normal --features fault-hooks --prefix none | grep -Ei '^(orbit-sdk|reqwest|hyper|h2|http|tungstenite|tokio-tungstenite|axum) ' || { echo "result-inbox (the core) must not depend on the SDK, an HTTP or a WebSocket crate"; exit 1; }
 
 build: ## Build every crate and binary
