@@ -17,6 +17,7 @@ check: ## Format, lint (warnings denied; the fault build too), build, check the 
 	$(CARGO) clippy -p result-inbox -p receiver --features receiver/mutants --all-targets -- -D warnings
 	$(CARGO) build --workspace
 	scripts/check-docs
+	scripts/import-graph
 	$(CARGO) clippy -p testdb -p conformance --features conformance/container --all-targets -- -D warnings
 	@$(CARGO) tree -p testdb --features container -e normal --prefix none | grep -qx 'bollard v0.21.1' || { echo "testdb's container backend was proven with bollard 0.21.1 (unversioned API paths, which Debian's engine 20.10 accepts): run make integration-containers before changing it, then update this check"; exit 1; }
 	@! $(CARGO) tree -p orbit-sdk -e normal --prefix none | grep -Ei '^(sqlx|mysql)' || { echo "orbit-sdk must not depend on a database driver"; exit 1; }
@@ -102,7 +103,7 @@ demo: deps build ## The whole demo: temporary MySQL, orbit-dev, receiver init an
 
 bench: deps ## All benchmarks, quick mode (about five minutes): canonicalise, apply, backlog drain, proxy relay
 	$(CARGO) bench -p result-inbox --bench canonical
-	$(CARGO) bench -p result-inbox --bench apply
+	$(CARGO) bench -p conformance --bench apply
 	$(CARGO) build --release -p orbit-dev -p receiver --bins
 	$(CARGO) bench -p conformance --bench drain
 	$(CARGO) bench -p commit-proxy --bench relay

@@ -9,9 +9,9 @@ use serde_json::value::RawValue;
 
 use endpoint::tls::TlsProblem;
 
-use crate::credentials::Token;
 use crate::trust::{Trust, TrustError};
-use crate::wire::{
+use orbit_wire::Token;
+use orbit_wire::{
     AckedPage, AddBudget, CreateSubscription, CredentialInfo, DeliveryInfo, ErrorBody, Redeliver,
     ReportTask, SubmitTask, Subscription, Task,
 };

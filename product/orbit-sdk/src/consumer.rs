@@ -49,7 +49,7 @@ use tokio::time::Instant;
 use crate::client::Client;
 pub use crate::link::StreamError;
 use crate::link::{Connector, Link, WsConnector};
-use crate::wire::{AckResult, ClientMessage, LeaseProof, ServerMessage};
+use orbit_wire::{AckResult, ClientMessage, LeaseProof, ServerMessage};
 use orbit_wire::{DeliveryId, SubscriptionId};
 
 /// How often the consumer sends a heartbeat; three periods of silence break the connection.
@@ -781,7 +781,7 @@ async fn send<L: Link>(link: &mut L, m: &ClientMessage) -> Result<(), StreamErro
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::credentials::Token;
+    use orbit_wire::Token;
     use tokio::sync::mpsc;
 
     /// The platform's end of one link.

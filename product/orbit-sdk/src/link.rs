@@ -16,7 +16,7 @@ use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::{Connector as TlsConnector, MaybeTlsStream, WebSocketStream};
 
 use crate::client::Client;
-use crate::wire::MessageError;
+use orbit_wire::MessageError;
 
 /// Why a stream connection could not be opened, or ended; the consumer reconnects after each
 /// ([`crate::ConsumerEvent::Disconnected`]).

@@ -11,7 +11,7 @@ use serde_json::json;
 use sqlx::{Connection, Row};
 
 use result_inbox::canonical::{Digest, Document};
-use result_inbox::store::connect_one;
+use result_inbox::connect::connect_one;
 use result_inbox::Dsn;
 use result_inbox::StorageError;
 use result_inbox::{ConsumerName, EventId, QueueId, TaskEvent, TaskId};

@@ -93,7 +93,7 @@ pub async fn consume(
     let mut config = config.clone();
     if is(Mutant::SplitCommit) || is(Mutant::ReadBeforeLock) || is(Mutant::ViewByTaskAlone) {
         let options =
-            result_inbox::store::connect_options(&config.run.dsn).map_err(ConsumeError::Store)?;
+            result_inbox::connect::connect_options(&config.run.dsn).map_err(ConsumeError::Store)?;
         let _ = SPLIT_POOL.set(
             sqlx::mysql::MySqlPoolOptions::new()
                 .max_connections(config.concurrency as u32)

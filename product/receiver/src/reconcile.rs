@@ -165,7 +165,7 @@ pub async fn run(
             configured: platform.queue.to_string(),
         });
     }
-    let mut db = result_inbox::store::connect_one(&config.run.dsn)
+    let mut db = result_inbox::connect::connect_one(&config.run.dsn)
         .await
         .map_err(|e| ReconcileError::Database(e.to_string()))?;
     let (consumer, queue) = (config.run.name.as_str(), platform.queue.as_str());

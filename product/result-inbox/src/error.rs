@@ -10,8 +10,8 @@ use endpoint::reach::Unreachable;
 use endpoint::tls::TlsProblem;
 use sqlx::mysql::MySqlDatabaseError;
 
-use crate::canonical::Digest;
 use crate::event::Rejection;
+use canonical_form::Digest;
 
 pub(crate) const ER_DUP_ENTRY: u16 = 1062;
 pub(crate) const ER_LOCK_WAIT_TIMEOUT: u16 = 1205;
@@ -188,7 +188,7 @@ impl StorageError {
     /// without, with the same "access denied" (1045) as a wrong password. The hint is given
     /// only where the DSN makes it likely: TLS turned off, or TLS asked for without a client
     /// certificate; a plain wrong password on a loopback DSN reads as before.
-    pub(crate) fn for_dsn(mut self, dsn: &crate::Dsn) -> Self {
+    pub(crate) fn for_dsn(mut self, dsn: &crate::dsn::Dsn) -> Self {
         self.place = Some(Box::new(Place {
             address: dsn.address().to_owned(),
             account: dsn.user().to_owned(),
@@ -436,7 +436,7 @@ pub enum ApplyError {
     /// transaction may exist on that one server only, so it must not be ACKed. A redelivery
     /// finds it as a duplicate, and is ACKed once a replica has it.
     #[error("unreplicated: committed, but no replica acknowledges the primary's commits (semi-synchronous replication is off); not ACKed until one does")]
-    Unreplicated(crate::store::Outcome),
+    Unreplicated(crate::outcome::Outcome),
     /// The database failed; nothing was committed.
     #[error("storage_error: {0}")]
     Storage(StorageError),

@@ -8,8 +8,8 @@
 use std::borrow::Cow;
 use std::fmt;
 
-use crate::canonical::{CanonError, CanonErrorKind, Digest, Document, Member};
 use crate::identity::{EventId, QueueId, TaskId};
+use canonical_form::{CanonError, CanonErrorKind, Digest, Document, Member};
 
 /// A task's state as the platform reports it. `NeedsReview` is its own state: a task that a
 /// person must look at is never reported as a success.

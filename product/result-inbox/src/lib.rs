@@ -16,6 +16,7 @@
 //! result body or a password, or treat a COMMIT without an answer as a success.
 
 pub use canonical_form as canonical;
+pub mod connect;
 pub mod dsn;
 pub mod durability;
 pub mod error;
@@ -25,6 +26,7 @@ pub mod hooks;
 pub mod identity;
 #[cfg(feature = "mutants")]
 pub mod mutants;
+pub mod outcome;
 mod pool;
 pub mod prune;
 pub mod schema;
@@ -35,7 +37,8 @@ pub use dsn::{Dsn, DsnError};
 pub use error::{ApplyError, Conflict, StorageError, StorageKind};
 pub use event::{Rejected, Rejection, TaskEvent, TaskState};
 pub use identity::{ConsumerName, EventId, QueueId, TaskId};
+pub use outcome::Outcome;
 pub use store::{
-    Applied, BusinessWrite, HealthProbe, Outcome, Receipt, Retries, RetryReason, Store,
-    StoreOptions, WriteFuture, APPLY_TIMEOUT,
+    Applied, BusinessWrite, HealthProbe, Receipt, Retries, RetryReason, Store, StoreOptions,
+    WriteFuture, APPLY_TIMEOUT,
 };

@@ -11,8 +11,8 @@
 use std::fmt;
 use std::sync::OnceLock;
 
+use crate::event::TaskEvent;
 use crate::store::Statements;
-use crate::TaskEvent;
 
 /// One broken rule.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -565,7 +565,7 @@ fn byte_ordered(text: &[u8], at: &mut usize, out: &mut Vec<u8>) {
 /// [`crate::schema::init`] for a store of mutant `m`: [`Mutant::CaseInsensitiveIds`] makes the
 /// identity columns text of the table's case-insensitive collation.
 pub async fn init(
-    dsn: &crate::Dsn,
+    dsn: &crate::dsn::Dsn,
     m: Option<Mutant>,
 ) -> Result<crate::schema::InitReport, crate::schema::InitError> {
     let ddl = crate::schema::SCHEMA_SQL;

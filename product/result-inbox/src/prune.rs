@@ -24,13 +24,12 @@ use std::fmt;
 
 use sqlx::{Connection, Executor, MySqlConnection, Row};
 
+use crate::connect::connect_one;
 use crate::dsn::Dsn;
+use crate::error::StorageError;
 use crate::error::StorageKind;
 use crate::identity::{ConsumerName, QueueId};
-use crate::store::{connect_one, StorageError, INDEX_EXISTS};
-
-/// The index a prune reads rows through, oldest first (`schema/schema.sql`).
-pub const RECEIVED_AT_INDEX: &str = "receiver_inbox_received_at";
+use crate::schema::{INDEX_EXISTS, RECEIVED_AT_INDEX};
 
 /// Adds [`RECEIVED_AT_INDEX`] to an inbox created before it existed: online, with no lock
 /// that stops applies (InnoDB builds a secondary index in place). `receiver init` never

@@ -8,8 +8,16 @@ use std::fmt;
 
 use sqlx::{Connection, Executor, Row};
 
+use crate::connect::connect_one;
 use crate::dsn::Dsn;
-use crate::store::{connect_one, StorageError};
+use crate::error::StorageError;
+
+/// Whether the inbox has an index of this name.
+pub const INDEX_EXISTS: &str = "SELECT COUNT(*) FROM information_schema.statistics \
+     WHERE table_schema = DATABASE() AND table_name = 'receiver_inbox' AND index_name = ?";
+
+/// The index a prune reads rows through, oldest first (`schema/schema.sql`).
+pub const RECEIVED_AT_INDEX: &str = "receiver_inbox_received_at";
 
 /// The initial DDL, version 1: `schema/schema.sql`.
 pub const SCHEMA_SQL: &str = include_str!("../../../schema/schema.sql");

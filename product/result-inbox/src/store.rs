@@ -79,23 +79,24 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use sqlx::mysql::MySqlConnectOptions;
 use sqlx::{Executor, MySql, MySqlConnection, Row};
 use tokio::time::Instant;
 
-use crate::canonical::Digest;
+use crate::connect::{connect_options, CONNECT_TIMEOUT, SESSION_TIME_ZONE};
 use crate::dsn::Dsn;
 use crate::durability;
 use crate::error::{mysql_number, ER_DUP_ENTRY};
 pub use crate::error::{ApplyError, Conflict, StorageError, StorageKind, WriteError};
 use crate::event::{Rejection, TaskEvent};
 use crate::identity::{ConsumerName, EventId, QueueId, TaskId};
+pub use crate::outcome::Outcome;
 use crate::pool::{Lease, Pool, KILL_TIMEOUT};
+use crate::schema::{INDEX_EXISTS, RECEIVED_AT_INDEX};
+use canonical_form::Digest;
 
 /// One apply, from taking a connection to the answer to COMMIT, takes at most this long.
 pub const APPLY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -103,9 +104,6 @@ pub const APPLY_TIMEOUT: Duration = Duration::from_secs(5);
 /// How often an apply that committed reads the primary's semi-synchronous status again while
 /// it reports no replica acknowledging ([`StoreOptions::require_replica_ack`]).
 pub const REPLICA_POLL: Duration = Duration::from_millis(100);
-
-/// How long [`Store::connect`] waits for the server's answer to its first query.
-pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Reads nothing, and fails when a table is missing or the server refuses to serve tables
 /// (a Galera node outside the primary component).
@@ -180,16 +178,9 @@ pub const READ_VERDICT: &str =
     "SELECT event_digest = ?, event_digest, applied FROM receiver_inbox \
      WHERE consumer_name = ? AND queue_id = ? AND event_id = ?";
 
-/// Whether the inbox has an index of this name.
-pub const INDEX_EXISTS: &str = "SELECT COUNT(*) FROM information_schema.statistics \
-     WHERE table_schema = DATABASE() AND table_name = 'receiver_inbox' AND index_name = ?";
-
 /// The age of the oldest inbox row of a consumer and queue, in microseconds (NULL: none).
 const OLDEST_AGE: &str = "SELECT TIMESTAMPDIFF(MICROSECOND, MIN(received_at), UTC_TIMESTAMP(6)) \
      FROM receiver_inbox WHERE consumer_name = ? AND queue_id = ?";
-
-/// The session time zone of every store connection: times are stored as UTC.
-pub const SESSION_TIME_ZONE: &str = "+00:00";
 
 /// The statements of one apply and the session they run in: one value a store is built with.
 /// Production stores run [`Statements::STANDARD`]; a test build's mutant store is given another
@@ -238,30 +229,6 @@ pub const READ_INBOX: &str = "SELECT event_digest, applied, event_canonical FROM
 pub const READ_VIEW: &str = "SELECT task_version, last_event_id, last_state, last_result, \
      applied_events, created_at, updated_at FROM receiver_task_views \
      WHERE consumer_name = ? AND queue_id = ? AND task_id = ?";
-
-/// What an apply did. Every variant is a success: the event is safely recorded and may be
-/// ACKed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Outcome {
-    /// First receipt, and it advanced the view.
-    Applied,
-    /// First receipt of an older version: recorded with `applied = false`, view untouched.
-    Stale,
-    /// Already recorded with the same content. `applied` is what the ORIGINAL transaction did;
-    /// nothing ran again.
-    Duplicate { applied: bool },
-}
-
-impl Outcome {
-    /// The stable lowercase name: `applied`, `stale` or `duplicate`.
-    pub fn kind(self) -> &'static str {
-        match self {
-            Outcome::Applied => "applied",
-            Outcome::Stale => "stale",
-            Outcome::Duplicate { .. } => "duplicate",
-        }
-    }
-}
 
 /// What a caller's write is told about the event being applied.
 #[derive(Debug, Clone, Copy)]
@@ -510,27 +477,6 @@ impl Retries {
     /// Each reason with its count, zeros included.
     pub fn iter(&self) -> impl Iterator<Item = (RetryReason, u32)> + '_ {
         RetryReason::ALL.into_iter().map(|r| (r, self.count(r)))
-    }
-}
-
-/// Connection options every store connection gets: UTC session time zone (READ COMMITTED is
-/// set once the connection is open).
-pub fn connect_options(dsn: &Dsn) -> Result<MySqlConnectOptions, StorageError> {
-    let options = MySqlConnectOptions::from_str(dsn.expose_url())
-        .map_err(|_| StorageError::unexpected("the DSN is not a valid MySQL URL"))?;
-    Ok(options.timezone(Some(SESSION_TIME_ZONE.to_owned())))
-}
-
-/// Opens one connection on `dsn` with [`connect_options`], within [`CONNECT_TIMEOUT`]. A failure
-/// names the server, the account where it matters and the setting to check
-/// ([`StorageError::for_dsn`]): what every command that needs one connection reports.
-pub async fn connect_one(dsn: &Dsn) -> Result<MySqlConnection, StorageError> {
-    let options = connect_options(dsn)?;
-    use sqlx::Connection;
-    match tokio::time::timeout(CONNECT_TIMEOUT, MySqlConnection::connect_with(&options)).await {
-        Ok(Ok(conn)) => Ok(conn),
-        Ok(Err(e)) => Err(StorageError::from_sqlx(&e).for_dsn(dsn)),
-        Err(_) => Err(StorageError::timed_out().for_dsn(dsn)),
     }
 }
 
@@ -1002,10 +948,10 @@ impl Store {
         }))
     }
 
-    /// Whether the inbox has the index [`crate::prune::RECEIVED_AT_INDEX`], which makes
+    /// Whether the inbox has the index [`RECEIVED_AT_INDEX`], which makes
     /// [`Store::inbox_oldest_age`] a lookup instead of a scan.
     pub async fn has_received_at_index(&self) -> Result<bool, StorageError> {
-        let query = sqlx::query(INDEX_EXISTS).bind(crate::prune::RECEIVED_AT_INDEX);
+        let query = sqlx::query(INDEX_EXISTS).bind(RECEIVED_AT_INDEX);
         let row = self
             .read(query)
             .await?

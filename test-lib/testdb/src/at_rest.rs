@@ -16,8 +16,7 @@ use std::time::{Duration, Instant};
 
 use sqlx::{Connection, MySqlConnection};
 
-use crate::local::{Datadir, LocalServer};
-use crate::{provision, Backend, Error, Server};
+use crate::error::Error;
 
 /// When set (to anything), [`Server::start`] and so the shared server start a local server
 /// that encrypts what it writes ([`Server::local_encrypted`]): a suite run this way keeps every
@@ -47,19 +46,6 @@ pub fn server_options(key_file: &Path) -> Vec<String> {
     ]
 }
 
-/// The options of `options` that a tool reading the server's files needs too (the key plugin
-/// and its key file).
-pub(crate) fn key_options(options: &[String]) -> Vec<String> {
-    options
-        .iter()
-        .filter(|o| {
-            o.starts_with("--plugin-load-add=file_key_management")
-                || o.starts_with("--file-key-management-")
-        })
-        .cloned()
-        .collect()
-}
-
 /// Writes a key file for `file_key_management` at `path`, readable by its owner only: key id
 /// 1, 256 random bits from the kernel, in hex (`1;<64 hex digits>`).
 pub fn write_key_file(path: &Path) -> Result<(), Error> {
@@ -81,9 +67,10 @@ pub fn write_key_file(path: &Path) -> Result<(), Error> {
 }
 
 /// A directory of its own under this process's scratch directory, `<what>-<n>`.
-fn scratch_path(what: &str) -> Result<PathBuf, Error> {
+pub(crate) fn scratch_path(what: &str) -> Result<PathBuf, Error> {
     static SEQ: AtomicU64 = AtomicU64::new(0);
-    let dir = crate::scratch_dir().map_err(Error::io("cannot make a scratch directory"))?;
+    let dir =
+        crate::cleanup::scratch_dir().map_err(Error::io("cannot make a scratch directory"))?;
     Ok(dir.join(format!("{what}-{}", SEQ.fetch_add(1, Ordering::SeqCst))))
 }
 
@@ -92,7 +79,7 @@ const ENCRYPT_WITHIN: Duration = Duration::from_secs(60);
 
 /// Waits until every InnoDB tablespace of the server at `url` is encrypted and none is being
 /// rotated.
-async fn wait_encrypted(url: secret::Secret) -> Result<(), Error> {
+pub(crate) async fn wait_encrypted(url: secret::Secret) -> Result<(), Error> {
     let mut conn = MySqlConnection::connect(url.expose())
         .await
         .map_err(Error::sql("cannot connect as admin"))?;
@@ -122,10 +109,10 @@ async fn wait_encrypted(url: secret::Secret) -> Result<(), Error> {
 /// server as of one point during the backup. Its directory goes with it.
 #[derive(Debug)]
 pub struct Backup {
-    dir: PathBuf,
+    pub(crate) dir: PathBuf,
     /// The options of the server it came from, which a restored server starts with (an
     /// encrypted server's key plugin among them).
-    options: Vec<String>,
+    pub(crate) options: Vec<String>,
     /// How long `mariadb-backup --backup` took, while the server kept working.
     pub taken_in: Duration,
     /// How long `mariadb-backup --prepare` took.
@@ -158,80 +145,5 @@ impl Drop for Backup {
         for extension in ["cnf", "backup.log", "prepare.log"] {
             let _ = fs::remove_file(self.dir.with_extension(extension));
         }
-    }
-}
-
-impl Server {
-    fn local_backend(&self, what: &str) -> Result<&LocalServer, Error> {
-        match &self.backend {
-            Backend::Local(server) => Ok(server),
-            _ => Err(Error::Config(format!("{what} needs a local server"))),
-        }
-    }
-
-    /// A local server that encrypts at rest ([`server_options`]) with a key file made for it
-    /// (in this process's scratch directory); returns once every tablespace is encrypted.
-    pub fn local_encrypted() -> Result<Server, Error> {
-        let keys = scratch_path("keys")?;
-        write_key_file(&keys)?;
-        let server =
-            LocalServer::start_on(None, server_options(&keys), Datadir::Fresh, ENCRYPTED_NOTE)?;
-        let server = Self::loopback_root(
-            server.port(),
-            server.description().to_owned(),
-            Backend::Local(server),
-        );
-        provision::block_on(wait_encrypted(server.admin_url()))?;
-        Ok(server)
-    }
-
-    /// A local server's own directory: its datadir (`data/`) and temporary directory
-    /// (`tmp/`), its socket and its logs.
-    pub fn directory(&self) -> Option<&Path> {
-        self.local_backend("a directory").ok().map(LocalServer::dir)
-    }
-
-    /// Takes a hot backup of this local server with MariaDB's own tool while it keeps
-    /// working (`mariadb-backup --backup`, over its unix socket), and prepares it.
-    pub fn backup(&self) -> Result<Backup, Error> {
-        let server = self.local_backend("a backup")?;
-        let dir = scratch_path("backup")?;
-        match server.backup(&dir) {
-            Ok((taken_in, prepared_in)) => Ok(Backup {
-                dir,
-                options: server.options().to_vec(),
-                taken_in,
-                prepared_in,
-            }),
-            Err(e) => {
-                let _ = fs::remove_dir_all(&dir);
-                Err(e)
-            }
-        }
-    }
-
-    /// A new local server, on a port of its own, whose datadir is a copy of `backup`
-    /// (`mariadb-backup --copy-back`), started with the options of the server the backup came
-    /// from: its databases, tables and accounts as they were at the backup's point.
-    pub fn restore(backup: &Backup) -> Result<Server, Error> {
-        let server = LocalServer::start_on(
-            None,
-            backup.options.clone(),
-            Datadir::Restored(&backup.dir),
-            ", restored from a backup",
-        )?;
-        Ok(Self::loopback_root(
-            server.port(),
-            server.description().to_owned(),
-            Backend::Local(server),
-        ))
-    }
-
-    /// Shuts a local server down cleanly and slowly (`innodb_fast_shutdown = 0`: every page
-    /// flushed, the undo log purged), so that everything it holds is in its data files; waits
-    /// until the process has exited.
-    pub fn shut_down(&self) -> Result<(), Error> {
-        self.local_backend("a shutdown")?
-            .shut_down(&self.admin_url())
     }
 }

@@ -61,7 +61,7 @@ extern "C" fn cleanup_at_exit() {
                     .stderr(Stdio::null())
                     .status();
             }
-            Cleanup::Namespace(name) => crate::netns::delete_namespace(&name),
+            Cleanup::Namespace(name) => crate::leftovers::delete_namespace(&name),
             Cleanup::Link(name) => {
                 let _ = Command::new("ip")
                     .args(["link", "delete", &name])
@@ -112,7 +112,7 @@ pub(crate) fn scratch_dir() -> std::io::Result<PathBuf> {
 /// Removes directories of earlier runs whose test process is gone, killing their servers, and
 /// their network namespaces.
 pub(crate) fn sweep_leftovers(root: &Path) {
-    crate::netns::sweep();
+    crate::leftovers::sweep();
     let Ok(entries) = fs::read_dir(root) else {
         return;
     };

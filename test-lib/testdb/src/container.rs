@@ -23,7 +23,9 @@ use testcontainers::runners::AsyncRunner;
 use testcontainers::{GenericImage, ImageExt};
 
 use crate::cleanup::{register, Cleanup};
-use crate::{env, provision, Error, READY_TIMEOUT};
+use crate::error::Error;
+use crate::provision;
+use crate::settings::{env, READY_TIMEOUT};
 
 /// The image the container backend runs unless [`TESTDB_CONTAINER_IMAGE`] names another.
 pub const DEFAULT_IMAGE: &str = "mysql:8.4";

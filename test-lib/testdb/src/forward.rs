@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use crate::Error;
+use crate::error::Error;
 
 /// A forwarder from a loopback port of its own to a switchable target.
 #[derive(Debug)]

@@ -31,11 +31,12 @@ use nix::unistd::Pid;
 use sqlx::{Connection, Executor, MySqlConnection, Row};
 
 use crate::cleanup::{register, root_dir, sweep_leftovers, Cleanup};
+use crate::error::Error;
 use crate::local::{find_program, free_loopback_port, tail, LocalServer, Program};
 use crate::netns::{Member, Net};
 use crate::process::{is_root, spawn_long_lived, Running};
+use crate::provision;
 use crate::tls::{CertFiles, Pki};
-use crate::{provision, Error};
 
 /// Names the Galera provider library, when it is not in one of [`PROVIDER_PATHS`].
 pub const TESTDB_GALERA_PROVIDER: &str = "TESTDB_GALERA_PROVIDER";
@@ -49,7 +50,7 @@ pub const SYNC_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// The Galera provider library, or why there is none.
 pub fn provider() -> Result<PathBuf, Error> {
-    if let Some(path) = crate::env(TESTDB_GALERA_PROVIDER) {
+    if let Some(path) = crate::settings::env(TESTDB_GALERA_PROVIDER) {
         let path = PathBuf::from(path);
         return if path.is_file() {
             Ok(path)

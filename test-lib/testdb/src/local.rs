@@ -15,8 +15,10 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::cleanup::{register, root_dir, sweep_leftovers, unregister_pid, Cleanup};
+use crate::error::Error;
 use crate::process::{is_root, spawn_long_lived, Running};
-use crate::{provision, Error, READY_TIMEOUT};
+use crate::provision;
+use crate::settings::READY_TIMEOUT;
 
 /// Which server program, and how to make a datadir for it.
 #[derive(Debug, Clone)]
@@ -343,7 +345,7 @@ impl LocalServer {
         // takes from an options file only (not from its command line).
         let defaults = target.with_extension("cnf");
         let mut cnf = "[mariadbd]\n".to_owned();
-        for option in crate::at_rest::key_options(&self.extra) {
+        for option in key_options(&self.extra) {
             let (name, value) = option
                 .trim_start_matches("--")
                 .split_once('=')
@@ -637,6 +639,19 @@ impl Drop for LocalServer {
         unregister_pid(self.pid.load(Ordering::SeqCst));
         let _ = fs::remove_dir_all(&self.dir);
     }
+}
+
+/// The options of `options` that a tool reading the server's files needs too (the key plugin
+/// and its key file).
+pub(crate) fn key_options(options: &[String]) -> Vec<String> {
+    options
+        .iter()
+        .filter(|o| {
+            o.starts_with("--plugin-load-add=file_key_management")
+                || o.starts_with("--file-key-management-")
+        })
+        .cloned()
+        .collect()
 }
 
 #[cfg(test)]

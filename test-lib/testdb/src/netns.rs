@@ -32,15 +32,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::cleanup::{register, Cleanup};
-use crate::process::process_alive;
-use crate::Error;
+use crate::error::Error;
+use crate::leftovers::{delete_namespace, sweep, LINK_PREFIX, NETNS_DIR, PREFIX};
+pub use crate::leftovers::{leftovers, namespaces_of};
 
-/// Where `ip netns` keeps the named namespaces.
-const NETNS_DIR: &str = "/run/netns";
-/// Every namespace of ours starts so.
-const PREFIX: &str = "rinbox-";
-/// Every root-namespace link of ours starts so.
-const LINK_PREFIX: &str = "rin";
 /// The member's end of its veth pair, in its own namespace.
 const MEMBER_IF: &str = "veth0";
 /// The host number of the root namespace's address on the bridge.
@@ -220,69 +215,6 @@ fn free_subnet(taken: &[(Ipv4Addr, u8)], start: u32) -> Option<[u8; 3]> {
         .map(|i| (start + i) % (56 * 256))
         .map(|n| [10, 200 + (n / 256) as u8, (n % 256) as u8])
         .find(|s| !taken.iter().any(|p| overlaps(*s, *p)))
-}
-
-/// The names in `dir` that start with `prefix` and a pid, with whether that process is alive.
-fn owned(dir: &str, prefix: &str) -> Vec<(String, bool)> {
-    let owner = |rest: &str| rest.split(['-', 'x']).next()?.parse::<i32>().ok();
-    std::fs::read_dir(dir)
-        .map(|entries| {
-            entries
-                .flatten()
-                .filter_map(|e| {
-                    let name = e.file_name().to_string_lossy().into_owned();
-                    let pid = name.strip_prefix(prefix).and_then(owner)?;
-                    Some((name, process_alive(pid)))
-                })
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-/// Namespaces and root links of ours whose process is gone: what a killed run left behind
-/// (`namespace NAME` or `link NAME`).
-pub fn leftovers() -> Vec<String> {
-    let namespaces = owned(NETNS_DIR, PREFIX)
-        .into_iter()
-        .filter(|(_, alive)| !alive)
-        .map(|(n, _)| format!("namespace {n}"));
-    let links = owned("/sys/class/net", LINK_PREFIX)
-        .into_iter()
-        .filter(|(_, alive)| !alive)
-        .map(|(n, _)| format!("link {n}"));
-    namespaces.chain(links).collect()
-}
-
-/// Removes the namespaces and root links of runs whose process is gone.
-pub(crate) fn sweep() {
-    for left in leftovers() {
-        match left.split_once(' ') {
-            Some(("namespace", name)) => delete_namespace(name),
-            Some((_, name)) => {
-                let _ = ip(&["link", "delete", name]);
-            }
-            None => {}
-        }
-    }
-}
-
-/// The namespaces of this process that exist now (for the cleanup tests).
-pub fn namespaces_of(pid: u32) -> Vec<String> {
-    let mine = format!("{PREFIX}{pid}-");
-    std::fs::read_dir(NETNS_DIR)
-        .map(|entries| {
-            entries
-                .flatten()
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .filter(|n| n.starts_with(&mine))
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-/// Removes a namespace of ours (at drop, at exit, or in a sweep).
-pub(crate) fn delete_namespace(name: &str) {
-    let _ = ip(&["netns", "delete", name]);
 }
 
 impl Net {

@@ -3,12 +3,12 @@
 use secret::Secret;
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use sqlx::{Connection, Executor, MySqlConnection, Row};
 
-use crate::{Error, Server};
+use crate::error::Error;
 
 /// The DBA's grants, with the placeholder names this module replaces.
 const GRANTS_SQL: &str = include_str!("../../../schema/grants.sql");
@@ -63,7 +63,7 @@ pub(crate) fn url(
     Secret::new(u)
 }
 
-async fn connect(url: &str) -> Result<MySqlConnection, Error> {
+pub(crate) async fn connect(url: &str) -> Result<MySqlConnection, Error> {
     MySqlConnection::connect(url)
         .await
         .map_err(Error::sql("cannot connect as admin"))
@@ -78,10 +78,6 @@ pub(crate) async fn select_version(url: Secret) -> Result<String, Error> {
         .map_err(Error::sql("SELECT VERSION() failed"))?;
     let _ = conn.close().await;
     Ok(version)
-}
-
-pub(crate) async fn server_version(server: &Server) -> Result<String, Error> {
-    select_version(server.admin_url()).await
 }
 
 pub(crate) fn random_password() -> String {
@@ -108,12 +104,12 @@ pub struct Account {
 /// One test's databases and accounts. Dropping it drops them.
 #[derive(Debug)]
 pub struct Provisioned {
-    address: String,
-    admin_url: Secret,
+    pub(crate) address: String,
+    pub(crate) admin_url: Secret,
     /// The admin URL on the receiver database.
-    admin_receiver: Secret,
+    pub(crate) admin_receiver: Secret,
     /// What every account's URL of a TLS server carries (empty otherwise).
-    query: String,
+    pub(crate) query: String,
     /// The platform's database (`orbit_test_<pid>_<n>`).
     pub platform_db: String,
     /// The receiver's database (`orbit_receiver_test_<pid>_<n>`).
@@ -130,66 +126,12 @@ pub struct Provisioned {
     pub prune: Account,
 }
 
-static SEQ: AtomicU64 = AtomicU64::new(0);
-
-impl Server {
-    /// Creates fresh databases and accounts for one test, with the init and platform grants.
-    /// The runtime grants need the tables: call [`Provisioned::grant_runtime`] after init.
-    pub async fn provision(&self) -> Result<Provisioned, Error> {
-        let pid = std::process::id();
-        let n = SEQ.fetch_add(1, Ordering::SeqCst);
-        let tag = format!("{pid}_{n}");
-        let account = |role: &str| Account {
-            user: format!("rit_{tag}_{role}"),
-            password: random_password().into(),
-        };
-        let receiver_db = format!("orbit_receiver_test_{tag}");
-        let p = Provisioned {
-            address: self.address(),
-            admin_url: self.admin_url(),
-            admin_receiver: self.admin_url_on(Some(&receiver_db)),
-            query: self.tls_query(),
-            platform_db: format!("orbit_test_{tag}"),
-            receiver_db,
-            init: account("init"),
-            runtime: account("run"),
-            platform: account("plat"),
-            prune: account("prune"),
-        };
-        let mut conn = connect(p.admin_url.expose()).await?;
-        let mut stmts = vec![
-            format!("CREATE DATABASE `{}` CHARACTER SET utf8mb4", p.platform_db),
-            format!("CREATE DATABASE `{}` CHARACTER SET utf8mb4", p.receiver_db),
-        ];
-        for a in [&p.init, &p.runtime, &p.platform, &p.prune] {
-            stmts.push(format!(
-                "CREATE USER '{}'@'%' IDENTIFIED BY '{}'",
-                a.user,
-                a.password.expose()
-            ));
-        }
-        stmts.extend(p.grants(false));
-        stmts.push(format!(
-            "GRANT ALL PRIVILEGES ON `{}`.* TO '{}'@'%'",
-            p.platform_db, p.platform.user
-        ));
-        for stmt in &stmts {
-            conn.execute(stmt.as_str())
-                .await
-                .map_err(Error::sql(format!(
-                    "provisioning failed at `{}`",
-                    stmt.split(" IDENTIFIED").next().unwrap_or(stmt)
-                )))?;
-        }
-        let _ = conn.close().await;
-        Ok(p)
-    }
-}
+pub(crate) static SEQ: AtomicU64 = AtomicU64::new(0);
 
 impl Provisioned {
     /// The statements of `schema/grants.sql` for this test's names: the init step, or the
     /// steps after init (the runtime and prune accounts').
-    fn grants(&self, after_init: bool) -> Vec<String> {
+    pub(crate) fn grants(&self, after_init: bool) -> Vec<String> {
         GRANTS_SQL
             .lines()
             .filter(|l| !l.trim_start().starts_with("--"))
@@ -276,23 +218,6 @@ impl Provisioned {
         self.admin_receiver.clone()
     }
 
-    /// [`Provisioned::runtime_url`] on another node of the same cluster, where the same
-    /// databases and accounts exist.
-    pub fn runtime_url_on(&self, node: &Server) -> Secret {
-        url(
-            &self.runtime.user,
-            self.runtime.password.expose(),
-            &node.address(),
-            Some(&self.receiver_db),
-            &node.tls_query(),
-        )
-    }
-
-    /// [`Provisioned::admin_receiver_url`] on another node of the same cluster.
-    pub fn admin_receiver_url_on(&self, node: &Server) -> Secret {
-        node.admin_url_on(Some(&self.receiver_db))
-    }
-
     /// On a TLS server: makes the init and runtime accounts `REQUIRE X509`, so that they can
     /// connect only with a client certificate signed by the server's CA (their URLs carry
     /// one).
@@ -356,49 +281,4 @@ impl Drop for Provisioned {
             ],
         ));
     }
-}
-
-/// On an existing server on this machine: drops the databases and users of earlier runs whose
-/// test process is gone. A server elsewhere is left alone (its pids are not ours to judge).
-pub(crate) async fn sweep_leftovers(server: &Server) -> Result<(), Error> {
-    if !matches!(server.host.as_str(), "127.0.0.1" | "localhost" | "::1") {
-        return Ok(());
-    }
-    let mut conn = connect(server.admin_url().expose()).await?;
-    let dead = |name: &str| -> bool {
-        let pid = name
-            .trim_start_matches("orbit_receiver_test_")
-            .trim_start_matches("orbit_test_")
-            .trim_start_matches("rit_")
-            .split('_')
-            .next()
-            .and_then(|p| p.parse::<i32>().ok());
-        pid.is_some_and(|p| !crate::process::process_alive(p))
-    };
-    let dbs: Vec<String> = sqlx::query(
-        "SELECT schema_name FROM information_schema.schemata \
-         WHERE schema_name LIKE 'orbit\\_test\\_%' OR schema_name LIKE 'orbit\\_receiver\\_test\\_%'",
-    )
-    .fetch_all(&mut conn)
-    .await
-    .map(|rows| rows.iter().filter_map(|r| r.try_get(0).ok()).collect())
-    .unwrap_or_default();
-    for db in dbs.iter().filter(|d| dead(d)) {
-        let _ = conn
-            .execute(format!("DROP DATABASE IF EXISTS `{db}`").as_str())
-            .await;
-    }
-    let users: Vec<String> =
-        sqlx::query("SELECT user FROM mysql.user WHERE user LIKE 'rit\\_%' AND host = '%'")
-            .fetch_all(&mut conn)
-            .await
-            .map(|rows| rows.iter().filter_map(|r| r.try_get(0).ok()).collect())
-            .unwrap_or_default();
-    for user in users.iter().filter(|u| dead(u)) {
-        let _ = conn
-            .execute(format!("DROP USER IF EXISTS '{user}'@'%'").as_str())
-            .await;
-    }
-    let _ = conn.close().await;
-    Ok(())
 }

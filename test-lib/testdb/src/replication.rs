@@ -31,8 +31,9 @@ use std::time::{Duration, Instant};
 
 use sqlx::{Connection, Executor, MySqlConnection, Row};
 
+use crate::error::Error;
 use crate::forward::Forwarder;
-use crate::{Backend, Error, Server};
+use crate::server::{Backend, Server};
 
 /// How replication is configured.
 #[derive(Debug, Clone)]

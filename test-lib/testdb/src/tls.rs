@@ -14,7 +14,7 @@ use rcgen::{
     KeyUsagePurpose,
 };
 
-use crate::Error;
+use crate::error::Error;
 
 /// A certificate and its private key, as PEM files.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -128,7 +128,7 @@ mod tests {
 
     #[test]
     fn the_ca_signs_servers_and_a_client_into_its_directory() {
-        let dir = crate::scratch_dir().unwrap().join("pki-unit");
+        let dir = crate::cleanup::scratch_dir().unwrap().join("pki-unit");
         let pki = Pki::generate(&dir).unwrap();
         let server = pki.server("db", &["localhost", "127.0.0.1"]).unwrap();
         for path in [
