@@ -13,31 +13,31 @@ deps: ## Install what a fresh machine lacks (Debian's mariadb-server, galera-4; 
 check: ## Format, lint (warnings denied; the fault build too), build, check the docs against the code, and check the container backend feature
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
-	$(CARGO) clippy -p result-inbox -p receiver -p orbit-sdk --features receiver/fault-barriers --all-targets -- -D warnings
-	$(CARGO) clippy -p result-inbox -p receiver --features receiver/mutants --all-targets -- -D warnings
-	$(CARGO) build --workspace
+	$(CARGO) clippy -p receiver-test-builds --all-targets -- -D warnings
+	$(CARGO) build --workspace --exclude receiver-test-builds
 	scripts/check-docs
 	scripts/import-graph
 	$(CARGO) clippy -p testdb -p conformance --features conformance/container --all-targets -- -D warnings
 	@$(CARGO) tree -p testdb --features container -e normal --prefix none | grep -qx 'bollard v0.21.1' || { echo "testdb's container backend was proven with bollard 0.21.1 (unversioned API paths, which Debian's engine 20.10 accepts): run make integration-containers before changing it, then update this check"; exit 1; }
 	@! $(CARGO) tree -p orbit-sdk -e normal --prefix none | grep -Ei '^(sqlx|mysql)' || { echo "orbit-sdk must not depend on a database driver"; exit 1; }
 	@! $(CARGO) tree -p orbit-dev -e normal --prefix none | grep -Ei '^(reqwest|orbit-sdk) ' || { echo "orbit-dev (the server) must reach the protocol through orbit-wire, not the SDK's client stack"; exit 1; }
-	@! $(CARGO) tree -p result-inbox -e normal --features fault-hooks --prefix none | grep -Ei '^(orbit-sdk|reqwest|hyper|h2|http|tungstenite|tokio-tungstenite|axum) ' || { echo "result-inbox (the core) must not depend on the SDK, an HTTP or a WebSocket crate"; exit 1; }
+	@! $(CARGO) tree -p result-inbox -e normal --features seams --prefix none | grep -Ei '^(orbit-sdk|reqwest|hyper|h2|http|tungstenite|tokio-tungstenite|axum) ' || { echo "result-inbox (the core) must not depend on the SDK, an HTTP or a WebSocket crate"; exit 1; }
 
-build: ## Build every crate and binary
-	$(CARGO) build --workspace --bins --examples
+# The test builds are built apart (fault-build, mutant-build): built together with the
+# workspace, their crate's feature would reach target/debug/receiver, which the fault suite
+# checks is free of every seam.
+build: ## Build every crate and binary (but the test builds)
+	$(CARGO) build --workspace --exclude receiver-test-builds --bins --examples
 
 release: ## The release receiver binary (target/release/receiver); the fault suite checks it has no barrier
 	$(CARGO) build --release -p receiver --bin receiver
 
-# Only `--bin receiver-faults`: building all of receiver's bins with the feature would put
-# barriers into target/debug/receiver, which the fault suite checks is free of them.
+# Only `-p receiver-test-builds`: the seams' feature must never be built into the receiver binary.
 fault-build: ## The test-only receiver-faults binary (the receiver with fault barriers)
-	$(CARGO) build -p receiver --features fault-barriers --bin receiver-faults
+	$(CARGO) build -p receiver-test-builds --bin receiver-faults
 
-# Only `--bin receiver-mutant`, for the same reason as the fault build.
 mutant-build: ## The test-only receiver-mutant binary (the receiver with one rule broken per RECEIVER_MUTANT)
-	$(CARGO) build -p receiver --features mutants --bin receiver-mutant
+	$(CARGO) build -p receiver-test-builds --bin receiver-mutant
 
 # KIT_RECEIVER: the receiver under test (a command line); KIT_ARGS, e.g. "--only schema".
 KIT_RECEIVER ?= target/debug/receiver
@@ -59,7 +59,8 @@ kit-dist: ## The kit as a tarball for teams without this repository or Rust: tar
 	@scripts/kit-dist
 
 test: deps build fault-build mutant-build release ## Every test: unit tests, every real-server suite (as make integration), then the conformance kit (as make kit)
-	$(CARGO) test --workspace --exclude conformance
+	$(CARGO) test --workspace --exclude conformance --exclude receiver-test-builds
+	$(CARGO) test -p receiver-test-builds
 	$(CARGO) test -p testdb --features container --lib
 	$(CARGO) test -p conformance --lib --bins
 	$(CARGO) test -p conformance --doc
@@ -67,7 +68,8 @@ test: deps build fault-build mutant-build release ## Every test: unit tests, eve
 	@$(MAKE) --no-print-directory kit
 
 unit: ## Only the tests that need no server
-	$(CARGO) test --workspace --exclude conformance
+	$(CARGO) test --workspace --exclude conformance --exclude receiver-test-builds
+	$(CARGO) test -p receiver-test-builds
 	$(CARGO) test -p testdb --features container --lib
 
 # Each suite (a module of test-suite/conformance/tests/it) in its own process with its own

@@ -170,29 +170,6 @@ pub struct EventConsumer {
     ack_timeout: Duration,
     connect_timeout: Duration,
     gate: CreditGate,
-    #[cfg(feature = "fault-hooks")]
-    after_ack_sent: Option<AckSentHook>,
-    #[cfg(feature = "mutants")]
-    forget_unanswered_acks: bool,
-    #[cfg(feature = "mutants")]
-    credit_on_receipt: bool,
-}
-
-/// Test builds only (feature `fault-hooks`): awaited right after an ACK is written to the
-/// stream, with the delivery id; the consumer does nothing else until it returns.
-#[cfg(feature = "fault-hooks")]
-#[derive(Clone)]
-pub struct AckSentHook(pub Arc<dyn Fn(DeliveryId) -> HookFuture + Send + Sync>);
-
-/// What an [`AckSentHook`] returns.
-#[cfg(feature = "fault-hooks")]
-pub type HookFuture = std::pin::Pin<Box<dyn Future<Output = ()> + Send>>;
-
-#[cfg(feature = "fault-hooks")]
-impl fmt::Debug for AckSentHook {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("AckSentHook")
-    }
 }
 
 /// A started consumer.
@@ -227,38 +204,7 @@ impl EventConsumer {
             ack_timeout: Duration::from_secs(10),
             connect_timeout: CONNECT_TIMEOUT,
             gate: CreditGate::new(),
-            #[cfg(feature = "fault-hooks")]
-            after_ack_sent: None,
-            #[cfg(feature = "mutants")]
-            forget_unanswered_acks: false,
-            #[cfg(feature = "mutants")]
-            credit_on_receipt: false,
         }
-    }
-
-    /// Test builds only (feature `mutants`, the conformance kit's proof that it catches this):
-    /// breaks R-SDK-2 on purpose: an ACK left without an answer when the stream broke is
-    /// dropped instead of sent again after the reconnect.
-    #[cfg(feature = "mutants")]
-    pub fn forget_unanswered_acks(mut self) -> EventConsumer {
-        self.forget_unanswered_acks = true;
-        self
-    }
-
-    /// Test builds only (feature `mutants`): breaks R-SDK-2's credit rule on purpose: one
-    /// credit goes back for every delivery as it arrives, as well as when it finishes, so that
-    /// the deliveries held grow without bound while handlers are slower than the platform.
-    #[cfg(feature = "mutants")]
-    pub fn credit_on_receipt(mut self) -> EventConsumer {
-        self.credit_on_receipt = true;
-        self
-    }
-
-    /// Test builds only: runs `hook` after every first send of an ACK.
-    #[cfg(feature = "fault-hooks")]
-    pub fn after_ack_sent(mut self, hook: AckSentHook) -> EventConsumer {
-        self.after_ack_sent = Some(hook);
-        self
     }
 
     /// How many deliveries may be handled at once (at least 1).
@@ -315,11 +261,11 @@ impl EventConsumer {
             let fut = handler(d);
             async move { fut.await.map_err(HandlerError::failed) }
         });
-        let connector = WsConnector::new(
+        let connector = crate::seam::connector(WsConnector::new(
             &self.client,
             &format!("/v1/subscriptions/{}/stream", self.subscription),
             self.connect_timeout,
-        );
+        ));
         let task = tokio::spawn(run(self, connector, handler, stop_rx, events.clone()));
         Running { stop, task, events }
     }
@@ -585,10 +531,6 @@ where
         if let Some(n) = credit.give(free, held, true) {
             outgoing.push(ClientMessage::Credit { credit: n });
         }
-        #[cfg(feature = "mutants")]
-        if config.forget_unanswered_acks {
-            pending.clear();
-        }
         for (id, (proof, sent)) in pending.iter_mut() {
             *sent = Instant::now();
             outgoing.push(ClientMessage::Ack {
@@ -646,12 +588,6 @@ where
                             let received = Instant::now();
                             let delivery = Delivery { delivery_id, attempt, lease_expires_at, event, received };
                             waiting.push_back((delivery, proof));
-                            #[cfg(feature = "mutants")]
-                            if config.credit_on_receipt {
-                                if let Err(e) = send(&mut link, &ClientMessage::Credit { credit: 1 }).await {
-                                    broken = Some(e);
-                                }
-                            }
                             if *gate.borrow() {
                                 // Nothing new starts while held: it goes back at once.
                                 let n = release_waiting(&mut waiting, &mut link).await as u32;
@@ -691,15 +627,9 @@ where
                                 if broken.is_some() {
                                     continue;
                                 }
-                                #[cfg(feature = "fault-hooks")]
-                                let acked = delivery_id.clone();
                                 if let Err(e) = send(&mut link, &ClientMessage::Ack { delivery_id, proof }).await {
                                     broken = Some(e);
                                     continue;
-                                }
-                                #[cfg(feature = "fault-hooks")]
-                                if let Some(hook) = &config.after_ack_sent {
-                                    (hook.0)(acked).await;
                                 }
                             }
                             Err(error) => {

@@ -9,6 +9,7 @@
 pub mod client;
 pub mod consumer;
 mod link;
+pub mod seam;
 pub mod trust;
 
 /// The protocol's contract, from the crate both sides share.

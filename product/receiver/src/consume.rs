@@ -26,6 +26,7 @@ use crate::config::ConsumeConfig;
 use crate::delivery::{apply_raw, Handled, NotAcked};
 use crate::metrics::Metrics;
 use crate::outage::{wait_for_database, Lines, Outage, PROBE_MAX_WAIT};
+use crate::seam::Point;
 use result_inbox::{StorageError, Store, StoreOptions};
 
 /// Kept between an apply's deadline and its lease's end, for the ACK to reach the platform.
@@ -106,8 +107,6 @@ async fn start(
         .max_connections(config.concurrency as u32 + 1)
         .apply_timeout(config.apply_timeout.unwrap_or(result_inbox::APPLY_TIMEOUT))
         .require_replica_ack(config.require_replica_ack);
-    #[cfg(feature = "fault-barriers")]
-    let options = crate::fault::hook_store(options);
     let options = (seams.store_options)(options);
     let store = connect_store(config, queue, options).await?;
     Ok((client, subscription, Arc::new(store)))
@@ -174,9 +173,8 @@ pub struct Seams {
     pub consumer: fn(EventConsumer) -> EventConsumer,
     /// When a delivery's apply must be done, given the apply's window.
     pub deadline: fn(&orbit_sdk::Delivery, Duration) -> tokio::time::Instant,
-    /// Test builds only: how long the health probe keeps trying through one outage (for
-    /// ever when `None`).
-    #[cfg(feature = "mutants")]
+    /// How long the health probe keeps trying through one outage: for ever (`None`) in the
+    /// program; a mutant's probe gives up (R-CLI-6 broken on purpose).
     pub probe_patience: Option<Duration>,
 }
 
@@ -189,7 +187,6 @@ impl Seams {
         // The lease began when the delivery arrived; it may have waited for a slot. Never
         // the platform's lease_expires_at against this host's clock: the clocks may differ.
         deadline: |d, window| d.received_at() + window,
-        #[cfg(feature = "mutants")]
         probe_patience: None,
     };
 }
@@ -217,9 +214,6 @@ pub async fn run_with(
     let apply = seams.apply;
     let deadline_of = seams.deadline;
     let mut stop = std::pin::pin!(stop);
-    // The fault build checks its barrier settings before anything connects.
-    #[cfg(feature = "fault-barriers")]
-    crate::fault::announce();
     tracing::info!(
         subscription = %config.subscription,
         "starting: reading the subscription from the platform and connecting to the receiver database"
@@ -253,15 +247,12 @@ pub async fn run_with(
         );
     }
     let gate = CreditGate::new();
-    #[cfg(feature = "mutants")]
-    let outage = match seams.probe_patience {
-        Some(patience) => {
-            Outage::start_with_patience(store.clone(), gate.clone(), metrics.clone(), patience)
-        }
-        None => Outage::start(store.clone(), gate.clone(), metrics.clone()),
-    };
-    #[cfg(not(feature = "mutants"))]
-    let outage = Outage::start(store.clone(), gate.clone(), metrics.clone());
+    let outage = Outage::start(
+        store.clone(),
+        gate.clone(),
+        metrics.clone(),
+        seams.probe_patience,
+    );
     let ages = config
         .metrics
         .map(|_| tokio::spawn(watch_inbox_age(store.clone(), metrics.clone())));
@@ -273,8 +264,6 @@ pub async fn run_with(
                 .prefetch(config.concurrency)
                 .credit_gate(gate),
         );
-        #[cfg(feature = "fault-barriers")]
-        let consumer = consumer.after_ack_sent(crate::fault::ack_sent_hook());
         let metrics = metrics.clone();
         consumer.start(move |d| {
             let (store, outage) = (store.clone(), outage.clone());
@@ -298,8 +287,7 @@ pub async fn run_with(
                     outage.suspect();
                 }
                 if h.classification.acks() {
-                    #[cfg(feature = "fault-barriers")]
-                    crate::fault::barrier("after_commit", h.event_id.as_deref().unwrap_or("-"))
+                    crate::seam::reach(Point::AfterCommit, h.event_id.as_deref().unwrap_or("-"))
                         .await;
                     Ok(())
                 } else if h.releasable && outage.confirmed().await {

@@ -17,13 +17,11 @@ pub mod config;
 pub mod consume;
 pub mod delivery;
 pub mod demo;
-#[cfg(feature = "fault-barriers")]
-pub mod fault;
 pub mod inspect;
 pub mod metrics;
-#[cfg(feature = "mutants")]
-pub mod mutant;
 pub mod outage;
+pub mod program;
 pub mod progress;
 pub mod prune;
 pub mod reconcile;
+pub mod seam;

@@ -67,7 +67,6 @@ struct Inner {
     gate: CreditGate,
     metrics: Metrics,
     /// How long the probe keeps trying through one outage (for ever when `None`).
-    #[cfg(feature = "mutants")]
     patience: Option<Duration>,
     state: Mutex<State>,
     /// Wakes the probe before its period (an apply's suspicion).
@@ -106,36 +105,18 @@ impl Cause {
 
 impl Outage {
     /// Watches `store`, holding `gate` during an outage and saying so in `metrics`; starts the
-    /// health probe.
-    pub fn start(store: Arc<Store>, gate: CreditGate, metrics: Metrics) -> Outage {
-        Self::build(store, gate, metrics, None)
-    }
-
-    /// Test builds only (feature `mutants`): [`Outage::start`] whose probe stops once an
-    /// outage has lasted `patience`, the gate left held, breaking R-CLI-6 on purpose.
-    #[cfg(feature = "mutants")]
-    pub fn start_with_patience(
-        store: Arc<Store>,
-        gate: CreditGate,
-        metrics: Metrics,
-        patience: Duration,
-    ) -> Outage {
-        Self::build(store, gate, metrics, Some(patience))
-    }
-
-    fn build(
+    /// health probe, which keeps trying through an outage for ever unless given a `patience`
+    /// (only a mutant is: [`crate::consume::Seams::probe_patience`]).
+    pub fn start(
         store: Arc<Store>,
         gate: CreditGate,
         metrics: Metrics,
         patience: Option<Duration>,
     ) -> Outage {
-        #[cfg(not(feature = "mutants"))]
-        let _ = patience;
         let outage = Outage(Arc::new(Inner {
             store,
             gate,
             metrics,
-            #[cfg(feature = "mutants")]
             patience,
             state: Mutex::new(State::default()),
             wake: Notify::new(),
@@ -189,7 +170,6 @@ impl Inner {
         loop {
             let result = self.store.check(&mut probe, PROBE_TIMEOUT).await;
             self.record(result);
-            #[cfg(feature = "mutants")]
             if self.gave_up() {
                 return;
             }
@@ -201,8 +181,7 @@ impl Inner {
         }
     }
 
-    /// Whether this outage has outlasted the probe's patience (test builds only).
-    #[cfg(feature = "mutants")]
+    /// Whether this outage has outlasted the probe's patience (never without one).
     fn gave_up(&self) -> bool {
         let first = self
             .state

@@ -186,16 +186,16 @@ impl From<CanonError> for Rejection {
 /// A delivered task event that passed validation, with its frozen canonical bytes.
 #[derive(Clone, PartialEq, Eq)]
 pub struct TaskEvent {
-    id: EventId,
-    event_type: &'static str,
-    queue: QueueId,
-    task: TaskId,
-    version: u64,
-    state: TaskState,
+    pub(crate) id: EventId,
+    pub(crate) event_type: &'static str,
+    pub(crate) queue: QueueId,
+    pub(crate) task: TaskId,
+    pub(crate) version: u64,
+    pub(crate) state: TaskState,
     /// Where the `result` lies in `canonical`.
-    result: Option<std::ops::Range<usize>>,
-    canonical: Vec<u8>,
-    digest: Digest,
+    pub(crate) result: Option<std::ops::Range<usize>>,
+    pub(crate) canonical: Vec<u8>,
+    pub(crate) digest: Digest,
 }
 
 fn string_member<'d>(doc: &'d Document, name: &'static str) -> Result<Cow<'d, str>, Rejection> {
@@ -279,22 +279,6 @@ impl TaskEvent {
             canonical,
             digest,
         })
-    }
-
-    /// Test builds only ([`crate::mutants::as_received`]): the event with other stored bytes,
-    /// their SHA-256, and where its result lies in them.
-    #[cfg(feature = "mutants")]
-    pub(crate) fn with_stored_form(
-        self,
-        stored: Vec<u8>,
-        result: Option<std::ops::Range<usize>>,
-    ) -> TaskEvent {
-        TaskEvent {
-            digest: Digest::of(&stored),
-            canonical: stored,
-            result,
-            ..self
-        }
     }
 
     /// The event id.

@@ -21,15 +21,13 @@ pub mod dsn;
 pub mod durability;
 pub mod error;
 pub mod event;
-#[cfg(feature = "fault-hooks")]
-pub mod hooks;
 pub mod identity;
-#[cfg(feature = "mutants")]
-pub mod mutants;
 pub mod outcome;
 mod pool;
 pub mod prune;
 pub mod schema;
+pub mod seam;
+pub mod statements;
 pub mod store;
 
 pub use canonical::{canonicalize, Digest};

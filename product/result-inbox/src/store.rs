@@ -86,7 +86,7 @@ use std::time::Duration;
 use sqlx::{Executor, MySql, MySqlConnection, Row};
 use tokio::time::Instant;
 
-use crate::connect::{connect_options, CONNECT_TIMEOUT, SESSION_TIME_ZONE};
+use crate::connect::{connect_options, CONNECT_TIMEOUT};
 use crate::dsn::Dsn;
 use crate::durability;
 use crate::error::{mysql_number, ER_DUP_ENTRY};
@@ -96,6 +96,11 @@ use crate::identity::{ConsumerName, EventId, QueueId, TaskId};
 pub use crate::outcome::Outcome;
 use crate::pool::{Lease, Pool, KILL_TIMEOUT};
 use crate::schema::{INDEX_EXISTS, RECEIVED_AT_INDEX};
+use crate::seam::{self, Point};
+pub use crate::statements::{
+    Statements, INSERT_INBOX, MARK_STALE, READ_VERDICT, READ_VIEW_EVENT, UPSERT_VIEW,
+    VIEW_ADVANCED, VIEW_CREATED, VIEW_NEWER, VIEW_SAME_EVENT, VIEW_SAME_VERSION_OTHER_EVENT,
+};
 use canonical_form::Digest;
 
 /// One apply, from taking a connection to the answer to COMMIT, takes at most this long.
@@ -115,111 +120,9 @@ pub const RETRY_FIRST_WAIT: Duration = Duration::from_millis(10);
 /// The longest wait between two attempts inside one apply.
 pub const RETRY_MAX_WAIT: Duration = Duration::from_millis(400);
 
-/// First statement of every apply: the dedup claim. `applied = 1` is provisional: the stale
-/// path clears it in the same transaction ([`MARK_STALE`]), so no other transaction ever sees
-/// it wrong (a concurrent duplicate waits on this row's lock until COMMIT or ROLLBACK).
-pub const INSERT_INBOX: &str = "INSERT INTO receiver_inbox \
-     (consumer_name, queue_id, event_id, event_digest, event_canonical, applied, received_at) \
-     VALUES (?, ?, ?, ?, ?, 1, UTC_TIMESTAMP(6))";
-
-/// Creates the task's view with this event's final values, or, when the view exists, locks it
-/// exclusively at once and advances it only for a higher version. One statement, one lock
-/// request, no shared lock to upgrade: concurrent first events of one task queue behind each
-/// other instead of deadlocking.
-///
-/// What happened comes back in the OK packet's last-insert-id, which `LAST_INSERT_ID(expr)`
-/// sets (the table has no auto-increment column, so a fresh insert reports 0):
-/// [`VIEW_CREATED`], [`VIEW_ADVANCED`], [`VIEW_NEWER`], [`VIEW_SAME_EVENT`],
-/// [`VIEW_SAME_VERSION_OTHER_EVENT`]. MySQL assigns left to right with the new values of the
-/// columns already assigned, so `applied_events` (which computes the code from the row as it
-/// was) comes first and `task_version` last.
-pub const UPSERT_VIEW: &str = "INSERT INTO receiver_task_views \
-     (consumer_name, queue_id, task_id, task_version, last_event_id, last_state, last_result, \
-      applied_events, created_at, updated_at) \
-     VALUES (?, ?, ?, ?, ?, ?, ?, 1, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6)) \
-     ON DUPLICATE KEY UPDATE \
-       applied_events = applied_events + (LAST_INSERT_ID( \
-         IF(VALUES(task_version) > task_version, 1, \
-         IF(VALUES(task_version) < task_version, 2, \
-         IF(VALUES(last_event_id) = last_event_id, 3, 4)))) = 1), \
-       last_event_id = IF(VALUES(task_version) > task_version, VALUES(last_event_id), last_event_id), \
-       last_state = IF(VALUES(task_version) > task_version, VALUES(last_state), last_state), \
-       last_result = IF(VALUES(task_version) > task_version, VALUES(last_result), last_result), \
-       updated_at = IF(VALUES(task_version) > task_version, VALUES(updated_at), updated_at), \
-       task_version = GREATEST(task_version, VALUES(task_version))";
-
-/// [`UPSERT_VIEW`] inserted the view: first event of the task.
-pub const VIEW_CREATED: u64 = 0;
-/// [`UPSERT_VIEW`] advanced an existing view.
-pub const VIEW_ADVANCED: u64 = 1;
-/// [`UPSERT_VIEW`] found a newer version: nothing changed.
-pub const VIEW_NEWER: u64 = 2;
-/// [`UPSERT_VIEW`] found this version applied by this event id: nothing changed.
-pub const VIEW_SAME_EVENT: u64 = 3;
-/// [`UPSERT_VIEW`] found this version applied by another event id: nothing changed.
-pub const VIEW_SAME_VERSION_OTHER_EVENT: u64 = 4;
-
-/// An older version is history only: clears the provisional `applied` flag.
-pub const MARK_STALE: &str = "UPDATE receiver_inbox SET applied = 0 \
-     WHERE consumer_name = ? AND queue_id = ? AND event_id = ?";
-
-/// The event id that applied the view's version, for a conflict's message (the row is locked
-/// by [`UPSERT_VIEW`]).
-pub const READ_VIEW_EVENT: &str = "SELECT last_event_id FROM receiver_task_views \
-     WHERE consumer_name = ? AND queue_id = ? AND task_id = ?";
-
-/// After a duplicate key: whether the committed inbox record has this event's digest, that
-/// digest, and the record's flag (READ COMMITTED sees it: the 1062 is only raised once the
-/// competitor has committed). The server compares; the stored digest comes back for a
-/// conflict's message. Not the frozen event: a duplicate should not cost a transfer of up to
-/// 512 KiB. Read inside the transaction that met the key, whose shared lock on the row keeps a
-/// prune from deleting it first. Binds the delivered digest, then the identity.
-pub const READ_VERDICT: &str =
-    "SELECT event_digest = ?, event_digest, applied FROM receiver_inbox \
-     WHERE consumer_name = ? AND queue_id = ? AND event_id = ?";
-
 /// The age of the oldest inbox row of a consumer and queue, in microseconds (NULL: none).
 const OLDEST_AGE: &str = "SELECT TIMESTAMPDIFF(MICROSECOND, MIN(received_at), UTC_TIMESTAMP(6)) \
      FROM receiver_inbox WHERE consumer_name = ? AND queue_id = ?";
-
-/// The statements of one apply and the session they run in: one value a store is built with.
-/// Production stores run [`Statements::STANDARD`]; a test build's mutant store is given another
-/// value (`mutants.rs`, through [`StoreOptions`]), so that the transaction below has no branch
-/// of its own for them. Only this crate makes one.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Statements {
-    pub(crate) insert_inbox: &'static str,
-    pub(crate) upsert_view: &'static str,
-    pub(crate) read_verdict: &'static str,
-    /// `None` leaves the server's own time zone.
-    pub(crate) time_zone: Option<&'static str>,
-    /// Whether the health check reads `@@global.read_only` (a read-only server is an outage).
-    pub(crate) probe_read_only: bool,
-    /// Whether an apply out of time mid-statement kills its connection on the server.
-    pub(crate) kill_abandoned: bool,
-}
-
-impl Statements {
-    /// What this store is documented to send (the table at the top of this file).
-    pub const STANDARD: Statements = Statements {
-        insert_inbox: INSERT_INBOX,
-        upsert_view: UPSERT_VIEW,
-        read_verdict: READ_VERDICT,
-        time_zone: Some(SESSION_TIME_ZONE),
-        probe_read_only: true,
-        kill_abandoned: true,
-    };
-
-    /// The statements a store opened with `options` runs.
-    fn of(options: &StoreOptions) -> &'static Statements {
-        #[cfg(feature = "mutants")]
-        if let Some(statements) = options.statements {
-            return statements;
-        }
-        let _ = options;
-        &Statements::STANDARD
-    }
-}
 
 /// Reads a whole inbox record (not part of apply).
 pub const READ_INBOX: &str = "SELECT event_digest, applied, event_canonical FROM receiver_inbox \
@@ -276,13 +179,6 @@ pub struct StoreOptions {
     /// replica acknowledging, and an apply whose commit no replica holds within its budget
     /// ends in [`ApplyError::Unreplicated`].
     pub require_replica_ack: bool,
-    /// Test builds only: awaited at [`crate::hooks::POINTS`].
-    #[cfg(feature = "fault-hooks")]
-    pub barrier: Option<crate::hooks::BarrierHook>,
-    /// Test builds only: the statements of a store that breaks one rule
-    /// (`crate::mutants::statements`), instead of [`Statements::STANDARD`].
-    #[cfg(feature = "mutants")]
-    pub statements: Option<&'static Statements>,
 }
 
 impl Default for StoreOptions {
@@ -291,10 +187,6 @@ impl Default for StoreOptions {
             max_connections: 8,
             apply_timeout: APPLY_TIMEOUT,
             require_replica_ack: false,
-            #[cfg(feature = "fault-hooks")]
-            barrier: None,
-            #[cfg(feature = "mutants")]
-            statements: None,
         }
     }
 }
@@ -347,8 +239,6 @@ pub struct Store {
     apply_timeout: Duration,
     require_replica_ack: bool,
     statements: &'static Statements,
-    #[cfg(feature = "fault-hooks")]
-    barrier: Option<crate::hooks::BarrierHook>,
 }
 
 /// Names only: the connection options hold the password.
@@ -489,7 +379,7 @@ impl Store {
         queue: QueueId,
         options: StoreOptions,
     ) -> Result<Store, StorageError> {
-        let statements = Statements::of(&options);
+        let statements = crate::seam::statements();
         let connect = connect_options(dsn)?.timezone(statements.time_zone.map(str::to_owned));
         let pool = Arc::new(Pool::new(connect, options.max_connections));
         let store = Store {
@@ -499,8 +389,6 @@ impl Store {
             apply_timeout: options.apply_timeout,
             require_replica_ack: options.require_replica_ack,
             statements,
-            #[cfg(feature = "fault-hooks")]
-            barrier: options.barrier,
         };
         // Fail at start, not at the first event, when `init` was never run. A server that
         // accepts the connection and then says nothing must not hold the start forever.
@@ -720,8 +608,7 @@ impl Store {
                 // a shared lock on the committed row, so nothing (a prune's DELETE) can remove
                 // it between the dedup claim and the verdict. Read after ROLLBACK, a row pruned
                 // in between would be "vanished", an error costing the delivery an attempt.
-                #[cfg(feature = "fault-hooks")]
-                self.barrier("before_verdict", event).await;
+                seam::reach(Point::BeforeVerdict, event).await;
                 let resolved = self.resolve_duplicate(conn.get(), event).await;
                 let rolled_back = conn.get().execute("ROLLBACK").await;
                 match (&resolved, rolled_back) {
@@ -795,8 +682,7 @@ impl Store {
         let event_id = event.id().as_str().as_bytes();
 
         conn.execute("BEGIN").await?;
-        #[cfg(feature = "fault-hooks")]
-        self.barrier("before_insert", event).await;
+        seam::reach(Point::BeforeInsert, event).await;
         let inserted = sqlx::query(self.statements.insert_inbox)
             .bind(consumer)
             .bind(queue)
@@ -861,8 +747,7 @@ impl Store {
             .await
             .map_err(ApplyError::Write)?;
 
-        #[cfg(feature = "fault-hooks")]
-        self.barrier("before_commit", event).await;
+        seam::reach(Point::BeforeCommit, event).await;
         commit_sent.store(true, Ordering::SeqCst);
         match conn.execute("COMMIT").await {
             Ok(_) => Ok(Step::Committed(outcome)),
@@ -870,13 +755,6 @@ impl Store {
             Err(e @ sqlx::Error::Database(_)) => Err(e.into()),
             // No answer: the outcome is unknown.
             Err(_) => Err(ApplyError::CommitUnconfirmed),
-        }
-    }
-
-    #[cfg(feature = "fault-hooks")]
-    async fn barrier(&self, point: &'static str, event: &TaskEvent) {
-        if let Some(hook) = &self.barrier {
-            (hook.0)(point, event.id().to_string()).await;
         }
     }
 

@@ -21,15 +21,8 @@ use nix::unistd::Pid;
 
 use crate::workspace_bin;
 
-/// The barrier points of `receiver-faults`, in flow order (`product/receiver/src/fault.rs`; the fault
-/// build exits with an error naming the points if it is given any other).
-pub const BARRIERS: &[&str] = &[
-    "before_insert",
-    "before_verdict",
-    "before_commit",
-    "after_commit",
-    "after_ack_sent",
-];
+/// The barrier points of `receiver-faults`, typed: a misspelt one does not compile.
+pub use seam_names::Barrier;
 
 /// The fault build of the receiver (`make fault-build` makes it).
 pub fn receiver_faults_bin() -> PathBuf {
@@ -39,7 +32,7 @@ pub fn receiver_faults_bin() -> PathBuf {
 /// Where a barrier stopped the process: one line of the report file.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Hit {
-    pub point: String,
+    pub point: Barrier,
     pub hit: u64,
     /// The event id (or, at `after_ack_sent`, the delivery id).
     pub key: String,
@@ -54,7 +47,7 @@ impl Hit {
         let mut pid = None;
         for field in line.split_whitespace() {
             match field.split_once('=')? {
-                ("barrier", v) => point = Some(v.to_owned()),
+                ("barrier", v) => point = Barrier::parse(v),
                 ("hit", v) => hit = v.parse().ok(),
                 ("key", v) => key = Some(v.to_owned()),
                 ("pid", v) => pid = v.parse().ok(),
@@ -278,29 +271,26 @@ fn scratch_file(stem: &str) -> PathBuf {
 impl Consumer {
     /// The normal `receiver consume` with `env`.
     pub fn normal(env: &[(&str, String)]) -> Consumer {
-        Self::start(crate::bare_command(&crate::receiver_bin()), env, None)
+        Self::start(crate::bare_command(&crate::receiver_bin()), env, &[])
     }
 
-    /// `receiver-faults consume` with `env` and `barriers` armed (`RECEIVER_FAULT_BARRIERS`,
-    /// e.g. `after_commit` or `before_insert@2`).
-    pub fn faulty(env: &[(&str, String)], barriers: &str) -> Consumer {
-        Self::start(
-            crate::bare_command(&receiver_faults_bin()),
-            env,
-            Some(barriers),
-        )
+    /// `receiver-faults consume` with `env` and `armed` barriers, each at its hit
+    /// (`RECEIVER_FAULT_BARRIERS`; `(Barrier::BeforeInsert, 2)` stops at its second pass).
+    pub fn faulty(env: &[(&str, String)], armed: &[(Barrier, u64)]) -> Consumer {
+        Self::start(crate::bare_command(&receiver_faults_bin()), env, armed)
     }
 
     /// `cmd` (the receiver's or `receiver-faults`' binary, made elsewhere: to run in a network
-    /// namespace, say) as `consume`, with only `env` and, if any, `barriers` armed.
-    pub fn start(mut cmd: Command, env: &[(&str, String)], barriers: Option<&str>) -> Consumer {
+    /// namespace, say) as `consume`, with only `env` and, if any, the `armed` barriers.
+    pub fn start(mut cmd: Command, env: &[(&str, String)], armed: &[(Barrier, u64)]) -> Consumer {
         let report = scratch_file("barriers");
         crate::bare(&mut cmd);
         cmd.arg("consume")
             .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
             .stdin(Stdio::piped());
-        if let Some(b) = barriers {
-            cmd.env("RECEIVER_FAULT_BARRIERS", b)
+        if !armed.is_empty() {
+            let spec: Vec<String> = armed.iter().map(|(b, hit)| format!("{b}@{hit}")).collect();
+            cmd.env("RECEIVER_FAULT_BARRIERS", spec.join(","))
                 .env("RECEIVER_FAULT_REPORT", &report);
         }
         let mut proc = Proc::start(cmd, scratch_file("consume.log"));
@@ -374,7 +364,7 @@ impl Consumer {
 
     /// Waits until the process stops at barrier `point`; panics (with the log) if it exits or
     /// `within` passes first.
-    pub async fn wait_barrier(&mut self, point: &str, within: Duration) -> Hit {
+    pub async fn wait_barrier(&mut self, point: Barrier, within: Duration) -> Hit {
         let seen = crate::poll(within, Duration::from_millis(20), || {
             let seen = match self.hits().into_iter().find(|h| h.point == point) {
                 Some(hit) => Some(Ok(hit)),

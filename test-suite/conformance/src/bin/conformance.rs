@@ -107,7 +107,10 @@ fn only_of(v: &str, kind: &str, names: &[&str]) -> Result<Vec<String>, String> {
 }
 
 fn parse_mutants(args: &[String]) -> Result<MutantOptions, String> {
-    let names: Vec<&str> = conformance::kit::MUTANTS.iter().map(|m| m.0).collect();
+    let names: Vec<&str> = conformance::kit::MUTANTS
+        .iter()
+        .map(|m| m.0.name())
+        .collect();
     let (mut bin, mut runs, mut only, mut seed) = (None, 1, None, None);
     let mut it = args.iter();
     while let Some(a) = it.next() {
@@ -686,7 +689,7 @@ fn mutants(o: &MutantOptions) -> ExitCode {
     let selected = conformance::kit::MUTANTS.iter().filter(|(m, _, _)| {
         o.only
             .as_ref()
-            .is_none_or(|only| only.iter().any(|n| n == m))
+            .is_none_or(|only| only.iter().any(|n| n == m.name()))
     });
     for (mutant, case, rule) in selected {
         let case = all
@@ -912,6 +915,13 @@ mod tests {
     #[test]
     fn every_mutant_is_aimed_at_a_case_that_names_its_rule() {
         let all = cases();
+        let aimed: Vec<conformance::kit::Mutant> =
+            conformance::kit::MUTANTS.iter().map(|m| m.0).collect();
+        assert_eq!(
+            aimed,
+            conformance::kit::Mutant::ALL,
+            "every mutant once, in order"
+        );
         for (mutant, case, rule) in conformance::kit::MUTANTS {
             let c = all
                 .iter()

@@ -5,6 +5,7 @@
 //! alive and, after a panic, the run's temporary directory must be empty and its namespaces
 //! gone; after a SIGKILL the next run's sweep must empty the one and remove the others.
 
+use conformance::process::Barrier;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -30,9 +31,9 @@ async fn doomed_run() {
     let (orbit, client, _, env) = subscribed_receiver(&[], &["task.cancelled"]).await;
     let task = client.submit_task(QUEUE, None).await.unwrap();
     client.cancel_task(&task.id).await.unwrap();
-    let mut consumer = Consumer::faulty(&env, "after_commit");
+    let mut consumer = Consumer::faulty(&env, &[(Barrier::AfterCommit, 1)]);
     consumer
-        .wait_barrier("after_commit", Duration::from_secs(20))
+        .wait_barrier(Barrier::AfterCommit, Duration::from_secs(20))
         .await;
     let mut pids = vec![consumer.pid(), orbit.pid()];
     pids.extend(testdb::Server::shared().unwrap().pid());

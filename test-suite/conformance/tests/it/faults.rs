@@ -6,7 +6,7 @@
 use std::io::Write;
 use std::time::Duration;
 
-use conformance::process::{receiver_faults_bin, Consumer, BARRIERS};
+use conformance::process::{receiver_faults_bin, Barrier, Consumer};
 use conformance::{
     all_acked, cancelled_task, eventually, receiver_bin, subscribed_receiver, OrbitDev,
     OwnServerReceiver, QUEUE,
@@ -95,7 +95,9 @@ fn the_normal_receiver_binary_has_no_barrier_code_flag_or_variable() {
         b"RECEIVER_FAULT_REPORT",
         b"barrier=",
         b"after_ack_sent",
-        b"5fault7barrier",
+        b"8barriers7barrier",
+        b"a barrier hook is already installed",
+        b"a link layer is already installed",
     ];
     only_in(&receiver_faults_bin(), "the fault build", needles);
     // Nor the kit's mutants (make mutant-build), which the mutant build does contain.
@@ -128,7 +130,14 @@ async fn the_configured_concurrency_is_how_many_deliveries_consume_holds() {
         cancelled_task(&client).await;
     }
     env.push(("RECEIVER_CONCURRENCY", "2".to_owned()));
-    let consumer = Consumer::faulty(&env, "before_commit@1,before_commit@2,before_commit@3");
+    let consumer = Consumer::faulty(
+        &env,
+        &[
+            (Barrier::BeforeCommit, 1),
+            (Barrier::BeforeCommit, 2),
+            (Barrier::BeforeCommit, 3),
+        ],
+    );
     // Both slots held at their barrier (the apply budget, 5 s, runs from here).
     let both = conformance::poll(Duration::from_secs(20), Duration::from_millis(20), || {
         let held = consumer.hits().len() >= 2;
@@ -172,9 +181,9 @@ async fn the_configured_concurrency_is_how_many_deliveries_consume_holds() {
 async fn a_process_held_before_commit_has_committed_nothing_and_goes_on_when_released() {
     let (orbit, client, sub, env) = subscribed_receiver(&[], &["task.cancelled"]).await;
     let task = cancelled_task(&client).await;
-    let mut consumer = Consumer::faulty(&env, "before_commit");
+    let mut consumer = Consumer::faulty(&env, &[(Barrier::BeforeCommit, 1)]);
     let hit = consumer
-        .wait_barrier("before_commit", Duration::from_secs(20))
+        .wait_barrier(Barrier::BeforeCommit, Duration::from_secs(20))
         .await;
     assert_eq!(orbit.inbox_rows(&hit.key).await, 0, "uncommitted");
     assert_eq!(orbit.view(&task).await, None, "uncommitted");
@@ -203,9 +212,9 @@ async fn r_fault_4_sigkill_after_commit_then_a_new_process_dedups_after_the_30s_
     let (orbit, client, sub, env) = subscribed_receiver(&[], &["task.cancelled"]).await;
     let task = cancelled_task(&client).await;
 
-    let mut first = Consumer::faulty(&env, "after_commit");
+    let mut first = Consumer::faulty(&env, &[(Barrier::AfterCommit, 1)]);
     let hit = first
-        .wait_barrier("after_commit", Duration::from_secs(20))
+        .wait_barrier(Barrier::AfterCommit, Duration::from_secs(20))
         .await;
     let event_id = hit.key.clone();
 
@@ -302,9 +311,9 @@ async fn a_lost_ack_and_a_killed_process_end_in_a_dedup_after_the_lease() {
     .await;
     orbit.fault(json!({"fault": "drop-next-ack"}));
     let task = cancelled_task(&client).await;
-    let mut first = Consumer::faulty(&env, "after_ack_sent");
+    let mut first = Consumer::faulty(&env, &[(Barrier::AfterAckSent, 1)]);
     let hit = first
-        .wait_barrier("after_ack_sent", Duration::from_secs(20))
+        .wait_barrier(Barrier::AfterAckSent, Duration::from_secs(20))
         .await;
     let delivery = client
         .get_delivery(&DeliveryId::new(hit.key.as_str()).unwrap())
@@ -356,9 +365,9 @@ async fn a_lost_ack_reply_and_a_killed_process_leave_the_delivery_acked_once() {
     .await;
     orbit.fault(json!({"fault": "drop-next-ack-reply"}));
     let task = cancelled_task(&client).await;
-    let mut first = Consumer::faulty(&env, "after_ack_sent");
+    let mut first = Consumer::faulty(&env, &[(Barrier::AfterAckSent, 1)]);
     let hit = first
-        .wait_barrier("after_ack_sent", Duration::from_secs(20))
+        .wait_barrier(Barrier::AfterAckSent, Duration::from_secs(20))
         .await;
     let acked = delivery_reaches(
         &client,
@@ -647,7 +656,7 @@ impl Rng {
 #[derive(Debug, Clone)]
 enum Kill {
     /// At barrier `point`, on its `hit`-th pass in that process.
-    At(&'static str, u64),
+    At(Barrier, u64),
     /// After this many milliseconds, wherever the process is.
     After(u64),
 }
@@ -784,9 +793,9 @@ async fn crash_loop_of_twenty_kills_loses_nothing_and_applies_nothing_twice() {
     // version 1 of task `held` (no lock taken yet), applies version 2 meanwhile, and is killed;
     // version 1 comes again after its lease and must be stale. `held` then stays at version 2.
     let held = client.submit_task(QUEUE, None).await.unwrap().id;
-    let mut first = Consumer::faulty(&env, "before_insert@1");
+    let mut first = Consumer::faulty(&env, &[(Barrier::BeforeInsert, 1)]);
     let old = first
-        .wait_barrier("before_insert", Duration::from_secs(20))
+        .wait_barrier(Barrier::BeforeInsert, Duration::from_secs(20))
         .await
         .key;
     client.report_task(&held, "RUNNING", None).await.unwrap();
@@ -806,8 +815,11 @@ async fn crash_loop_of_twenty_kills_loses_nothing_and_applies_nothing_twice() {
     let mut plan = Vec::new();
     // Not `before_verdict`: only a duplicate reaches it, and a round cannot count on making one
     // (the prune suite holds a process there).
-    for point in BARRIERS.iter().filter(|p| **p != "before_verdict") {
-        for _ in 0..if *point == "before_insert" { 3 } else { 4 } {
+    for point in Barrier::ALL
+        .into_iter()
+        .filter(|p| *p != Barrier::BeforeVerdict)
+    {
+        for _ in 0..if point == Barrier::BeforeInsert { 3 } else { 4 } {
             plan.push(Kill::At(point, 1 + rng.below(2)));
         }
     }
@@ -826,12 +838,12 @@ async fn crash_loop_of_twenty_kills_loses_nothing_and_applies_nothing_twice() {
             Kill::After(_) => 0,
         };
         for i in 0..1 + extra + rng.below(2) {
-            let fresh = matches!(kill, Kill::At("before_commit", hit) if i < *hit);
+            let fresh = matches!(kill, Kill::At(Barrier::BeforeCommit, hit) if i < *hit);
             produce(&orbit, &client, &sub.id, &mut tasks, &mut rng, fresh).await;
         }
         match kill {
             Kill::At(point, hit) => {
-                let mut c = Consumer::faulty(&env, &format!("{point}@{hit}"));
+                let mut c = Consumer::faulty(&env, &[(*point, *hit)]);
                 conformance::poll(Duration::from_secs(6), Duration::from_millis(20), || {
                     let hit = !c.hits().is_empty();
                     assert!(

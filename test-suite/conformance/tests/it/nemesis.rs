@@ -35,6 +35,7 @@
 //! `2` runs the nodes with that `innodb_flush_log_at_trx_commit` (Galera's usual advice)
 //! instead of 1, and reports what the ledger finds instead of failing on it.
 
+use conformance::process::Barrier;
 use std::collections::BTreeMap;
 use std::fmt;
 use std::net::Ipv4Addr;
@@ -285,7 +286,7 @@ impl World {
     }
 
     /// Starts consumer `i` in its namespace, its routes to its node and to orbit-dev checked.
-    fn start_consumer(&mut self, i: usize, barriers: Option<&str>) {
+    fn start_consumer(&mut self, i: usize, barriers: &[(Barrier, u64)]) {
         let bin = if i == 0 {
             conformance::receiver_bin()
         } else {
@@ -422,10 +423,10 @@ async fn inject(world: &mut World, fault: &Fault) -> String {
         }
         Fault::Pause { .. } => {
             world.stop_consumer(1).await;
-            world.start_consumer(1, Some("after_commit"));
+            world.start_consumer(1, &[(Barrier::AfterCommit, 1)]);
             let hit = world
                 .consumer(1)
-                .wait_barrier("after_commit", Duration::from_secs(120))
+                .wait_barrier(Barrier::AfterCommit, Duration::from_secs(120))
                 .await;
             world.consumer(1).signal(Signal::SIGSTOP);
             // Read once B runs again: it goes on to ACK with its old lease's proof.
@@ -440,10 +441,10 @@ async fn inject(world: &mut World, fault: &Fault) -> String {
         }
         Fault::CommitKill => {
             world.stop_consumer(1).await;
-            world.start_consumer(1, Some("before_commit"));
+            world.start_consumer(1, &[(Barrier::BeforeCommit, 1)]);
             let hit = world
                 .consumer(1)
-                .wait_barrier("before_commit", Duration::from_secs(120))
+                .wait_barrier(Barrier::BeforeCommit, Duration::from_secs(120))
                 .await;
             let node = world.cluster.node(CONSUMER_NODE[1]);
             node.pause().expect("node3 stopped");
@@ -782,8 +783,8 @@ async fn a_seeded_schedule_of_partitions_pauses_and_kills_leaves_the_ledger_clea
         stops: Vec::new(),
         platform_server,
     };
-    world.start_consumer(0, None);
-    world.start_consumer(1, None);
+    world.start_consumer(0, &[]);
+    world.start_consumer(1, &[]);
     note(format_args!(
         "set up in {:.1} s: orbit-dev on {}, consumer A on node2, B on node3",
         started.elapsed().as_secs_f64(),

@@ -2,6 +2,7 @@
 //! on (R-STORE-12): a redelivery whose inbox row was pruned is recorded again as not applied,
 //! is ACKed, and never moves the view.
 
+use conformance::process::Barrier;
 use std::collections::HashMap;
 use std::process::Output;
 use std::time::Duration;
@@ -245,7 +246,7 @@ async fn a_prune_during_a_duplicate_s_verdict_waits_and_the_duplicate_is_acked_a
     let (orbit, client, sub, env) =
         conformance::subscribed_receiver(&["--enable-fault-api"], &["task.cancelled"]).await;
     let task = conformance::cancelled_task(&client).await;
-    let mut consumer = Consumer::faulty(&env, "before_verdict");
+    let mut consumer = Consumer::faulty(&env, &[(Barrier::BeforeVerdict, 1)]);
     conformance::all_acked(&client, &sub.id, Some(1), Duration::from_secs(20)).await;
     let event_id = orbit
         .client()
@@ -262,7 +263,7 @@ async fn a_prune_during_a_duplicate_s_verdict_waits_and_the_duplicate_is_acked_a
         .expect("a delivery")
         .to_owned();
     consumer
-        .wait_barrier("before_verdict", Duration::from_secs(20))
+        .wait_barrier(Barrier::BeforeVerdict, Duration::from_secs(20))
         .await;
     let pruning = {
         let env = conformance::prune_env(&orbit.db.prune_url());

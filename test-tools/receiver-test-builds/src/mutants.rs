@@ -1,10 +1,12 @@
-//! Test builds only (feature `mutants`, binary `receiver-mutant`): the receiver with one rule
-//! broken, chosen by `RECEIVER_MUTANT` (`result_inbox::mutants`), so that the conformance kit
-//! can prove each of its cases can fail. Built by `make mutant-build`, never released.
+//! The `receiver-mutant` program: the receiver with one rule broken, chosen by
+//! `RECEIVER_MUTANT` (a [`Mutant`]'s name), so that the conformance kit can prove that each of
+//! its cases can fail. Built by `make mutant-build`, never released.
 //!
-//! Everything here wraps what the program does instead of living inside it: `init` and
-//! `consume` are wrapped ([`init`], [`consume`]); `consume` is given other
-//! [`crate::consume::Seams`]: the storage mutants' statement table for the store, and the
+//! Everything here wraps what the program does instead of living inside it: [`PROGRAM`] is the
+//! program with its own `init` ([`init`]), `consume` ([`consume`]) and configuration source
+//! ([`MutantEnv`]). `consume` installs the storage mutants' statements through the core's seam
+//! (`crate::store_mutants`) and the stream's mutants through the SDK's ([`ForgetsLostAcks`],
+//! [`CreditOnReceipt`]), and gives the program other [`receiver::consume::Seams`]: the
 //! per-event mutants' way of applying.
 
 use std::future::Future;
@@ -14,11 +16,28 @@ use std::sync::OnceLock;
 use result_inbox::Store;
 use tokio::time::Instant;
 
-use crate::config::ConsumeConfig;
-use crate::consume::ConsumeError;
-use crate::delivery::{self, apply_raw, parse, Classification, Handled};
+use receiver::config::ConsumeConfig;
+use receiver::consume::ConsumeError;
+use receiver::delivery::{self, apply_raw, parse, Classification, Handled};
+use receiver::program::{ConsumeFuture, InitFuture, Program, Stop};
 
-pub use result_inbox::mutants::Mutant;
+use crate::frames;
+pub use seam_names::Mutant;
+
+/// The `receiver-mutant` program.
+pub const PROGRAM: Program = Program {
+    consume_source: &MutantEnv,
+    init: run_init,
+    consume: run_consume,
+};
+
+fn run_consume(config: &ConsumeConfig, stop: Stop) -> ConsumeFuture<'_> {
+    Box::pin(consume(config, stop))
+}
+
+fn run_init(dsn: &result_inbox::Dsn) -> InitFuture<'_> {
+    Box::pin(init(dsn))
+}
 
 /// The mutant `RECEIVER_MUTANT` names; unset means none. A bad value is fatal: a kit run
 /// against a misspelt mutant would prove nothing.
@@ -52,22 +71,14 @@ pub fn is(m: Mutant) -> bool {
     active() == Some(m)
 }
 
-/// `options` for a store that breaks the active mutant's storage rule, if it has one.
-fn hook_store(options: result_inbox::StoreOptions) -> result_inbox::StoreOptions {
-    result_inbox::StoreOptions {
-        statements: active().map(result_inbox::mutants::statements),
-        ..options
-    }
-}
-
 /// `receiver init` in this build: [`Mutant::CaseInsensitiveIds`] changes the DDL.
 pub async fn init(
     dsn: &result_inbox::Dsn,
 ) -> Result<result_inbox::schema::InitReport, result_inbox::schema::InitError> {
-    result_inbox::mutants::init(dsn, active()).await
+    crate::store_mutants::init(dsn, active()).await
 }
 
-/// `receiver consume` in this build: [`crate::consume::run_with`] wrapped, so that the
+/// `receiver consume` in this build: [`receiver::consume::run_with`] wrapped, so that the
 /// production path carries none of this.
 /// - [`Mutant::PrintsToken`] prints the platform token first.
 /// - [`Mutant::NoQueueCheck`] consumes whatever queue the subscription has: the configured
@@ -76,7 +87,9 @@ pub async fn init(
 /// - [`Mutant::ExitsOnShortLease`] refuses to start under a lease shorter than its default
 ///   apply budget and the margin.
 /// - [`Mutant::ForgetsLostAcks`] drops an ACK whose answer was lost instead of sending it
-///   again after reconnecting (the SDK's test-only `forget_unanswered_acks`).
+///   again after reconnecting ([`ForgetsLostAcks`], a layer on the SDK's stream).
+/// - [`Mutant::CreditOnReceipt`] grants a credit for every delivery as it arrives
+///   ([`CreditOnReceipt`]).
 /// - The others apply each event their way ([`apply`]).
 pub async fn consume(
     config: &ConsumeConfig,
@@ -84,6 +97,20 @@ pub async fn consume(
 ) -> Result<(), ConsumeError> {
     let platform = &config.run.platform;
     let client = platform.client().map_err(ConsumeError::Platform)?;
+    if let Some(m) = active() {
+        crate::store_mutants::install(m);
+    }
+    let layer: Option<Box<dyn orbit_sdk::seam::LinkLayer>> = match active() {
+        Some(Mutant::ForgetsLostAcks) => Some(Box::new(ForgetsLostAcks::default())),
+        Some(Mutant::CreditOnReceipt) => Some(Box::new(CreditOnReceipt)),
+        _ => None,
+    };
+    if let Some(layer) = layer {
+        if let Err(e) = orbit_sdk::seam::install(layer) {
+            eprintln!("receiver-mutant: {e}");
+            std::process::exit(2);
+        }
+    }
     if is(Mutant::PrintsToken) {
         eprintln!(
             "receiver-mutant: platform token {}",
@@ -114,7 +141,7 @@ pub async fn consume(
             .get_subscription(&config.subscription)
             .await
             .map_err(ConsumeError::Platform)?;
-        let budget = result_inbox::APPLY_TIMEOUT + crate::consume::LEASE_MARGIN;
+        let budget = result_inbox::APPLY_TIMEOUT + receiver::consume::LEASE_MARGIN;
         if let Some(lease_ms) = subscription.lease_ms {
             if std::time::Duration::from_millis(lease_ms) < budget {
                 return Err(ConsumeError::BudgetNotBelowLease {
@@ -125,21 +152,17 @@ pub async fn consume(
             }
         }
     }
-    let seams = crate::consume::Seams {
+    let seams = receiver::consume::Seams {
         deadline: if is(Mutant::DeadlineFromExpiresAt) {
             deadline_from_expiry
         } else {
-            crate::consume::Seams::PROGRAM.deadline
+            receiver::consume::Seams::PROGRAM.deadline
         },
         probe_patience: is(Mutant::ProbeGivesUp).then_some(std::time::Duration::from_secs(10)),
         apply,
-        store_options: hook_store,
+        store_options: receiver::consume::Seams::PROGRAM.store_options,
         consumer: |consumer| {
-            if is(Mutant::ForgetsLostAcks) {
-                consumer.forget_unanswered_acks()
-            } else if is(Mutant::CreditOnReceipt) {
-                consumer.credit_on_receipt()
-            } else if is(Mutant::NoOutageHold) {
+            if is(Mutant::NoOutageHold) {
                 // A gate of its own, which nothing holds: the health probe's and the applies'
                 // holds no longer reach the stream.
                 consumer.credit_gate(orbit_sdk::CreditGate::new())
@@ -157,7 +180,7 @@ pub async fn consume(
         }
         signal
     };
-    crate::consume::run_with(&config, stop, seams).await?;
+    receiver::consume::run_with(&config, stop, seams).await?;
     if is(Mutant::PauseOnSigterm) {
         let subscription = &config.subscription;
         match client.pause_subscription(subscription).await {
@@ -180,7 +203,7 @@ fn deadline_from_expiry(d: &orbit_sdk::Delivery, _window: std::time::Duration) -
         .map_or(0, |at| at - now_micros)
         .max(0) as u64;
     Instant::now()
-        + std::time::Duration::from_micros(left).saturating_sub(crate::consume::LEASE_MARGIN)
+        + std::time::Duration::from_micros(left).saturating_sub(receiver::consume::LEASE_MARGIN)
 }
 
 /// Set when a signal came ([`Mutant::AcksOnSigterm`]).
@@ -204,10 +227,10 @@ fn applied_at_once() -> Handled {
 /// - [`Mutant::UnconfirmedIsSuccess`] reports a COMMIT without an answer as applied;
 /// - [`Mutant::FloatNumbers`] applies the event with its result's numbers through an `f64`;
 /// - [`Mutant::AsReceived`] records the bytes as received
-///   (`result_inbox::mutants::as_received`);
+///   (`crate::store_mutants::as_received`);
 /// - [`Mutant::EscapesNonAscii`], [`Mutant::EscapesSlash`], [`Mutant::KeepsOffset`] and
 ///   [`Mutant::Utf8KeyOrder`] record the canonical bytes their way
-///   (`result_inbox::mutants::rewritten`);
+///   (`crate::store_mutants::rewritten`);
 /// - [`Mutant::AcksRejected`] reports a refused event as applied;
 /// - [`Mutant::NoEventQueueCheck`] applies the event as if it named the configured queue;
 /// - [`Mutant::LostUpdate`] also writes the view from a read made before the transaction;
@@ -311,7 +334,7 @@ fn apply<'a>(
             }
             Some(Mutant::AsReceived) => match parse(raw, store.queue()) {
                 Ok(event) => {
-                    let event = result_inbox::mutants::as_received(event, raw);
+                    let event = crate::store_mutants::as_received(event, raw);
                     delivery::apply(store, &event, Some(deadline)).await.1
                 }
                 Err(rejected) => rejected,
@@ -323,7 +346,7 @@ fn apply<'a>(
                 | Mutant::Utf8KeyOrder),
             ) => match parse(raw, store.queue()) {
                 Ok(event) => {
-                    let event = result_inbox::mutants::rewritten(m, event, raw);
+                    let event = crate::store_mutants::rewritten(m, event, raw);
                     delivery::apply(store, &event, Some(deadline)).await.1
                 }
                 Err(rejected) => rejected,
@@ -560,9 +583,9 @@ impl result_inbox::BusinessWrite for BlindView {
 #[derive(Debug)]
 pub struct MutantEnv;
 
-impl crate::config::Source for MutantEnv {
+impl receiver::config::Source for MutantEnv {
     fn get(&self, name: &str) -> Option<String> {
-        let value = crate::config::ProcessEnv.get(name);
+        let value = receiver::config::ProcessEnv.get(name);
         if is(Mutant::LenientConfig) && name == "RECEIVER_NAME" {
             return value.filter(|v| result_inbox::ConsumerName::new(v.clone()).is_ok());
         }
@@ -628,5 +651,61 @@ fn through_f64(v: serde_json::Value) -> serde_json::Value {
                 .collect(),
         ),
         other => other,
+    }
+}
+
+/// [`Mutant::ForgetsLostAcks`]: an ACK written on an earlier connection is never written
+/// again, so an ACK whose answer was lost is dropped instead of sent again with the same proof
+/// after the reconnect. A later attempt's ACK, with its new proof, goes out.
+#[derive(Debug, Default)]
+pub struct ForgetsLostAcks {
+    state: std::sync::Mutex<Written>,
+}
+
+/// The connection now open (counted from 1), and every ACK written with the connection it went
+/// out on.
+#[derive(Debug, Default)]
+struct Written {
+    connection: u64,
+    acks: Vec<(orbit_sdk::DeliveryId, orbit_sdk::wire::LeaseProof, u64)>,
+}
+
+impl orbit_sdk::seam::LinkLayer for ForgetsLostAcks {
+    fn connected(&self) {
+        self.state
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .connection += 1;
+    }
+
+    fn sending(&self, text: &str) -> bool {
+        let Some((delivery, proof)) = frames::ack(text) else {
+            return true;
+        };
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let now = state.connection;
+        let earlier = state
+            .acks
+            .iter()
+            .any(|(d, p, on)| *d == delivery && *p == proof && *on < now);
+        if !earlier {
+            state.acks.push((delivery, proof, now));
+        }
+        !earlier
+    }
+}
+
+/// [`Mutant::CreditOnReceipt`]: a credit for every delivery as it arrives, as well as the
+/// program's own when it finishes.
+#[derive(Debug)]
+pub struct CreditOnReceipt;
+
+impl orbit_sdk::seam::LinkLayer for CreditOnReceipt {
+    fn received(&self, text: &str) -> Vec<String> {
+        if frames::is_delivery(text) {
+            vec![frames::credit(1)]
+        } else {
+            Vec::new()
+        }
     }
 }

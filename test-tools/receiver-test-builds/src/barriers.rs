@@ -1,6 +1,6 @@
-//! Fault barriers, for the fault regressions only. This module exists only with the
-//! `fault-barriers` feature, which only the `receiver-faults` binary turns on
-//! (`make fault-build`); the `receiver` binary has no barrier, flag or variable.
+//! Fault barriers, for the fault regressions only: the `receiver-faults` binary installs them
+//! through the seams of the core, the program and the SDK (`make fault-build`); the `receiver`
+//! binary has no barrier, flag or variable.
 //!
 //! A barrier is a named point in the flow of one delivery:
 //!
@@ -25,22 +25,15 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::sync::{Mutex, OnceLock};
 
-/// Every barrier point, in flow order.
-pub const POINTS: &[&str] = &[
-    "before_insert",
-    "before_verdict",
-    "before_commit",
-    "after_commit",
-    "after_ack_sent",
-];
+use seam_names::Barrier;
 
 /// What the environment armed.
 #[derive(Debug, Default)]
 struct Plan {
     /// point → the hit numbers that stop.
-    armed: HashMap<&'static str, Vec<u64>>,
+    armed: HashMap<Barrier, Vec<u64>>,
     report: Option<PathBuf>,
-    hits: Mutex<HashMap<&'static str, u64>>,
+    hits: Mutex<HashMap<Barrier, u64>>,
 }
 
 /// Reads `RECEIVER_FAULT_BARRIERS` and `RECEIVER_FAULT_REPORT`; a bad value is fatal, since a
@@ -75,10 +68,11 @@ fn parse_env() -> Result<Plan, String> {
             ),
             None => (item, 1),
         };
-        let point = POINTS.iter().find(|p| **p == name).ok_or_else(|| {
+        let point = Barrier::parse(name).ok_or_else(|| {
+            let names: Vec<&str> = Barrier::ALL.iter().map(|b| b.name()).collect();
             format!(
                 "RECEIVER_FAULT_BARRIERS: unknown point {name:?}; points: {}",
-                POINTS.join(", ")
+                names.join(", ")
             )
         })?;
         plan.armed.entry(point).or_default().push(hit);
@@ -109,13 +103,9 @@ pub fn announce() {
 }
 
 /// Passes `point` for `key` (an event or delivery id); stops there if it is armed.
-pub async fn barrier(point: &'static str, key: &str) {
-    assert!(
-        POINTS.contains(&point),
-        "barrier {point:?} is not in POINTS"
-    );
+pub async fn barrier(point: Barrier, key: &str) {
     let plan = plan();
-    let Some(stops) = plan.armed.get(point) else {
+    let Some(stops) = plan.armed.get(&point) else {
         return;
     };
     let hit = {
@@ -154,20 +144,46 @@ pub async fn barrier(point: &'static str, key: &str) {
     }
 }
 
-/// The SDK hook that runs the `after_ack_sent` barrier.
-pub fn ack_sent_hook() -> orbit_sdk::consumer::AckSentHook {
-    orbit_sdk::consumer::AckSentHook(std::sync::Arc::new(|delivery_id: orbit_sdk::DeliveryId| {
-        Box::pin(async move { barrier("after_ack_sent", &delivery_id).await })
-    }))
+/// Installs every barrier: the core's inside the Apply transaction, the program's after it,
+/// the SDK's after an ACK is written. Says first what this build armed; a bad setting exits.
+pub fn install() {
+    announce();
+    let installed = [
+        result_inbox::seam::install_hook(Box::new(|point, key| {
+            let barrier = match point {
+                result_inbox::seam::Point::BeforeInsert => Barrier::BeforeInsert,
+                result_inbox::seam::Point::BeforeVerdict => Barrier::BeforeVerdict,
+                result_inbox::seam::Point::BeforeCommit => Barrier::BeforeCommit,
+            };
+            Box::pin(async move { self::barrier(barrier, &key).await })
+        })),
+        receiver::seam::install_hook(Box::new(|point, key| {
+            let barrier = match point {
+                receiver::seam::Point::AfterCommit => Barrier::AfterCommit,
+            };
+            Box::pin(async move { self::barrier(barrier, &key).await })
+        })),
+        orbit_sdk::seam::install(Box::new(AckSent)),
+    ];
+    for result in installed {
+        if let Err(e) = result {
+            eprintln!("receiver-faults: {e}");
+            std::process::exit(2);
+        }
+    }
 }
 
-/// `options` with the store's barriers (`result_inbox::hooks::POINTS`, inside the Apply
-/// transaction) hooked to this build's.
-pub fn hook_store(options: result_inbox::StoreOptions) -> result_inbox::StoreOptions {
-    let barrier = Some(result_inbox::hooks::BarrierHook(std::sync::Arc::new(
-        |point: &'static str, event_id: String| {
-            Box::pin(async move { barrier(point, &event_id).await })
-        },
-    )));
-    result_inbox::StoreOptions { barrier, ..options }
+/// The SDK's layer: [`Barrier::AfterAckSent`] once an ACK frame is written, keyed by its
+/// delivery id.
+struct AckSent;
+
+impl orbit_sdk::seam::LinkLayer for AckSent {
+    fn sent(&self, text: &str) -> orbit_sdk::seam::HookFuture {
+        let acked = crate::frames::ack(text).map(|(delivery, _)| delivery);
+        Box::pin(async move {
+            if let Some(delivery) = acked {
+                barrier(Barrier::AfterAckSent, &delivery).await;
+            }
+        })
+    }
 }

@@ -1,0 +1,26 @@
+//! The stream's messages as the SDK's layer sees them: JSON text, read with the wire contract's
+//! own types.
+
+use orbit_sdk::wire::{ClientMessage, LeaseProof, ServerMessage};
+use orbit_sdk::DeliveryId;
+
+/// The delivery and proof of an ACK frame; `None` for any other message.
+pub fn ack(text: &str) -> Option<(DeliveryId, LeaseProof)> {
+    match serde_json::from_str::<ClientMessage>(text).ok()? {
+        ClientMessage::Ack { delivery_id, proof } => Some((delivery_id, proof)),
+        _ => None,
+    }
+}
+
+/// Whether `text` is a delivery.
+pub fn is_delivery(text: &str) -> bool {
+    matches!(
+        ServerMessage::from_json(text),
+        Ok(ServerMessage::Delivery { .. })
+    )
+}
+
+/// A credit frame for `credit` more deliveries.
+pub fn credit(credit: u32) -> String {
+    serde_json::to_string(&ClientMessage::Credit { credit }).expect("a credit frame serializes")
+}
