@@ -17,7 +17,7 @@ check: ## Format, lint (warnings denied; the fault build too), build, check the 
 	$(CARGO) build --workspace --exclude receiver-test-builds
 	scripts/check-docs
 	scripts/import-graph
-	$(CARGO) clippy -p testdb -p conformance --features conformance/container --all-targets -- -D warnings
+	$(CARGO) clippy -p testdb -p conformance -p conformance-kit --features conformance/container --all-targets -- -D warnings
 	@$(CARGO) tree -p testdb --features container -e normal --prefix none | grep -qx 'bollard v0.21.1' || { echo "testdb's container backend was proven with bollard 0.21.1 (unversioned API paths, which Debian's engine 20.10 accepts): run make integration-containers before changing it, then update this check"; exit 1; }
 	@! $(CARGO) tree -p orbit-sdk -e normal --prefix none | grep -Ei '^(sqlx|mysql)' || { echo "orbit-sdk must not depend on a database driver"; exit 1; }
 	@! $(CARGO) tree -p orbit-dev -e normal --prefix none | grep -Ei '^(reqwest|orbit-sdk) ' || { echo "orbit-dev (the server) must reach the protocol through orbit-wire, not the SDK's client stack"; exit 1; }
@@ -42,8 +42,8 @@ mutant-build: ## The test-only receiver-mutant binary (the receiver with one rul
 # KIT_RECEIVER: the receiver under test (a command line); KIT_ARGS, e.g. "--only schema".
 KIT_RECEIVER ?= target/debug/receiver
 kit: deps build mutant-build ## The conformance kit against our receiver (every case), then each mutant against the case aimed at it
-	$(CARGO) run -q -p conformance --bin conformance -- run --receiver '$(KIT_RECEIVER)' --junit target/kit/report.xml --json target/kit/report.json $(KIT_ARGS)
-	$(CARGO) run -q -p conformance --bin conformance -- mutants --receiver-mutant target/debug/receiver-mutant
+	$(CARGO) run -q -p conformance-kit --bin conformance -- run --receiver '$(KIT_RECEIVER)' --junit target/kit/report.xml --json target/kit/report.json $(KIT_ARGS)
+	$(CARGO) run -q -p conformance-kit --bin conformance -- mutants --receiver-mutant target/debug/receiver-mutant
 
 # PREFIX and DESTDIR as usual: DESTDIR=/tmp/stage puts everything below a staging directory.
 PREFIX ?= /usr/local
@@ -59,16 +59,17 @@ kit-dist: ## The kit as a tarball for teams without this repository or Rust: tar
 	@scripts/kit-dist
 
 test: deps build fault-build mutant-build release ## Every test: unit tests, every real-server suite (as make integration), then the conformance kit (as make kit)
-	$(CARGO) test --workspace --exclude conformance --exclude receiver-test-builds
+	$(CARGO) test --workspace --exclude conformance --exclude conformance-kit --exclude fixtures --exclude receiver-test-builds
 	$(CARGO) test -p receiver-test-builds
 	$(CARGO) test -p testdb --features container --lib
-	$(CARGO) test -p conformance --lib --bins
-	$(CARGO) test -p conformance --doc
+	$(CARGO) test -p conformance-kit -p fixtures --lib --bins
+	$(CARGO) test -p conformance --bins
+	$(CARGO) test -p conformance-kit -p fixtures --doc
 	$(CARGO) run -q -p conformance --bin integration
 	@$(MAKE) --no-print-directory kit
 
 unit: ## Only the tests that need no server
-	$(CARGO) test --workspace --exclude conformance --exclude receiver-test-builds
+	$(CARGO) test --workspace --exclude conformance --exclude conformance-kit --exclude fixtures --exclude receiver-test-builds
 	$(CARGO) test -p receiver-test-builds
 	$(CARGO) test -p testdb --features container --lib
 
@@ -89,7 +90,7 @@ integration-containers: deps build fault-build mutant-build release kit-dist dis
 # rebuilt between them.
 containers-inside:
 	$(CARGO) run -q -p conformance --features container --bin integration -- --containers $(INTEGRATION_ARGS)
-	$(CARGO) run -q -p conformance --features container --bin conformance -- run --receiver target/debug/receiver --junit target/kit/report-containers.xml
+	$(CARGO) run -q -p conformance-kit --features container --bin conformance -- run --receiver target/debug/receiver --junit target/kit/report-containers.xml
 	$(CARGO) test -q -p conformance --features container --test it -- --ignored --exact deploy::the_receiver_image_runs_the_demo_end_to_end --nocapture
 	$(CARGO) test -q -p conformance --features container --test it -- --ignored --exact deploy::the_kit_tarball_passes_on_a_clean_debian_with_only_mariadb deploy::the_kit_image_passes_against_a_mounted_receiver release::the_walkthrough_runs_from_the_release_package_on_a_clean_debian --nocapture --test-threads 1
 

@@ -32,7 +32,7 @@ mod timestamp;
 pub use timestamp::{date_from_epoch_days, days_from_epoch};
 /// Strict RFC 3339 date-times in their UTC form (`None` for anything else), as the form
 /// normalises `occurred_at`.
-pub use timestamp::{normalize_rfc3339, unix_micros};
+pub use timestamp::{normalize_rfc3339, offset_spellings, unix_micros};
 
 /// Largest accepted event, counted on the raw bytes before parsing (whitespace included).
 pub const MAX_EVENT_BYTES: usize = 512 * 1024;

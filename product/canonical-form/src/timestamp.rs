@@ -9,6 +9,23 @@
 //! prints `YYYY-MM-DDTHH:MM:SS[.fraction]Z` with trailing fraction zeros removed. An instant
 //! whose UTC year leaves 0000–9999 is rejected, so the output is always RFC 3339 too.
 
+/// Every way this reader accepts to write a UTC offset of `minutes`, with the date-time
+/// separator each goes with: for 0, `tz`, `T-00:00`, `T+00:00` and `TZ` (the lower-case letters
+/// together); otherwise `T±HH:MM`. What a test draws from to write one instant many ways.
+pub fn offset_spellings(minutes: i64) -> Vec<(char, String)> {
+    if minutes == 0 {
+        return vec![
+            ('t', "z".to_owned()),
+            ('T', "-00:00".to_owned()),
+            ('T', "+00:00".to_owned()),
+            ('T', "Z".to_owned()),
+        ];
+    }
+    let sign = if minutes < 0 { '-' } else { '+' };
+    let (h, m) = (minutes.abs() / 60, minutes.abs() % 60);
+    vec![('T', format!("{sign}{h:02}:{m:02}"))]
+}
+
 /// Microseconds since 1970-01-01T00:00:00Z of a strict RFC 3339 date-time (any offset; digits
 /// past the sixth of the fraction are cut), or `None` when `s` is not one.
 pub fn unix_micros(s: &str) -> Option<i64> {

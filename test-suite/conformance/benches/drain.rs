@@ -3,7 +3,7 @@
 //! same run, on the same server: events per second, their ratio, and what reached the
 //! platform that should not have (deadlocks, second attempts).
 //!
-//! The backlog: `conformance::load` (three versions and a duplicate per task, interleaved).
+//! The backlog: `fixtures::load` (three versions and a duplicate per task, interleaved).
 //!
 //! Run with `make bench` (or `cargo build --release --bins && cargo bench -p conformance
 //! --bench drain`). One run drains three backlogs, each on a platform and server of its own:
@@ -20,8 +20,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use conformance::process::Consumer;
-use conformance::{subscribed_receiver, QUEUE};
+use fixtures::process::Consumer;
+use fixtures::{subscribed_receiver, QUEUE};
 use result_inbox::{ConsumerName, QueueId, Store, StoreOptions, TaskEvent};
 use sqlx::MySqlConnection;
 
@@ -97,13 +97,13 @@ struct Run {
 async fn drain(tasks: usize, concurrency: usize) -> Run {
     let (orbit, client, sub, mut env) = subscribed_receiver(
         &["--enable-fault-api", "--window", "10000"],
-        conformance::load::LOAD_TYPES,
+        fixtures::load::LOAD_TYPES,
     )
     .await;
 
     let mut rng = fastrand::Rng::with_seed(0x5EED_D4A1);
     let produced = Instant::now();
-    conformance::load::produce(&orbit, &client, &sub.id, tasks, &mut rng, |_| {}).await;
+    fixtures::load::produce(&orbit, &client, &sub.id, tasks, &mut rng, |_| {}).await;
     let deliveries = tasks * 4;
     println!(
         "drain bench: {deliveries} deliveries queued over {tasks} tasks in {:.1} s; draining with receiver consume at concurrency {concurrency}",
@@ -121,7 +121,7 @@ async fn drain(tasks: usize, concurrency: usize) -> Run {
     let pids = [consumer.pid(), orbit.pid()];
     let cpu_from = Cpu::read(pids);
     let started = Instant::now();
-    conformance::load::wait_drained(
+    fixtures::load::wait_drained(
         &mut platform,
         sub.id.as_str(),
         Duration::from_millis(100),
@@ -148,7 +148,7 @@ async fn drain(tasks: usize, concurrency: usize) -> Run {
         .filter(|l| l.contains("not acked") && l.contains("mysql 1213"))
         .count();
     let not_acked = output.lines().filter(|l| l.contains("not acked")).count();
-    let apply_ms = conformance::load::apply_durations_ms(&output);
+    let apply_ms = fixtures::load::apply_durations_ms(&output);
     let apply_p50 = apply_ms.get(apply_ms.len() / 2).copied().unwrap_or(0);
     let retried: u64 = output
         .lines()
@@ -274,7 +274,7 @@ async fn drain(tasks: usize, concurrency: usize) -> Run {
         .await
         .unwrap();
     }
-    let ledger = conformance::check_ledger_on(&mut admin, &mut platform, sub.id.as_str(), "drain")
+    let ledger = fixtures::check_ledger_on(&mut admin, &mut platform, sub.id.as_str(), "drain")
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     let ledger = format!(

@@ -15,8 +15,8 @@
 
 use std::time::{Duration, Instant};
 
-use conformance::process::Consumer;
-use conformance::QUEUE;
+use fixtures::process::Consumer;
+use fixtures::QUEUE;
 use sqlx::{Connection, MySqlConnection, Row};
 
 /// The bench server's settings unless `PRUNE_BENCH_SERVER_ARGS` gives others: a buffer pool
@@ -111,7 +111,7 @@ struct Drain {
 /// Queues `tasks` tasks' deliveries, then drains them with `receiver consume` at concurrency
 /// 16; `beside` starts just before the consumer and is given the drain's end.
 async fn drain(
-    orbit: &conformance::OrbitDev,
+    orbit: &fixtures::OrbitDev,
     client: &orbit_sdk::Client,
     sub: &orbit_sdk::SubscriptionId,
     env: &[(&'static str, String)],
@@ -120,7 +120,7 @@ async fn drain(
     beside: Option<&mut Beside>,
 ) -> Drain {
     let mut rng = fastrand::Rng::with_seed(seed);
-    conformance::load::produce(orbit, client, sub, tasks, &mut rng, |_| {}).await;
+    fixtures::load::produce(orbit, client, sub, tasks, &mut rng, |_| {}).await;
     let (mut admin, mut platform) = orbit.connections().await;
     let mut beside = beside;
     if let Some(b) = beside.as_deref_mut() {
@@ -135,7 +135,7 @@ async fn drain(
     let locks_from = lock_counters(&mut admin).await;
     let started = Instant::now();
     let sub_id = sub.as_str().to_owned();
-    let mut watched = std::pin::pin!(conformance::load::wait_drained(
+    let mut watched = std::pin::pin!(fixtures::load::wait_drained(
         &mut platform,
         &sub_id,
         Duration::from_millis(100),
@@ -166,7 +166,7 @@ async fn drain(
         b.stop();
     }
     let output = consumer.stop().await;
-    let apply_ms = conformance::load::apply_durations_ms(&output);
+    let apply_ms = fixtures::load::apply_durations_ms(&output);
     let at = |p: f64| {
         apply_ms
             .get(((apply_ms.len() as f64 * p) as usize).min(apply_ms.len().saturating_sub(1)))
@@ -195,13 +195,13 @@ struct Beside {
 }
 
 impl Beside {
-    fn start(&mut self, orbit: &conformance::OrbitDev) {
-        let mut cmd = conformance::bare_command(&conformance::receiver_bin());
+    fn start(&mut self, orbit: &fixtures::OrbitDev) {
+        let mut cmd = fixtures::bare_command(&fixtures::receiver_bin());
         cmd.args(["prune", "--older-than", "30d"])
-            .envs(conformance::prune_env(&orbit.db.prune_url()))
+            .envs(fixtures::prune_env(&orbit.db.prune_url()))
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::null());
-        self.child = Some(conformance::spawn(cmd));
+        self.child = Some(fixtures::spawn(cmd));
     }
 
     fn stop(&mut self) {
@@ -234,11 +234,11 @@ async fn run(rows: usize, bytes: usize, tasks: usize) {
         .collect();
     let server = testdb::Server::local_with_args(args.clone()).expect("a local server");
     let db = server.provision().await.expect("provisioned");
-    let orbit = conformance::OrbitDev::start_with(db, &["--enable-fault-api", "--window", "10000"]);
+    let orbit = fixtures::OrbitDev::start_with(db, &["--enable-fault-api", "--window", "10000"]);
     orbit.init_receiver().await;
     let client = orbit.client();
     let sub = client
-        .create_subscription(QUEUE, conformance::load::LOAD_TYPES)
+        .create_subscription(QUEUE, fixtures::load::LOAD_TYPES)
         .await
         .expect("subscription created");
     let mut env = orbit.receiver_env();
@@ -247,7 +247,7 @@ async fn run(rows: usize, bytes: usize, tasks: usize) {
         .await
         .unwrap();
     let made = Instant::now();
-    conformance::insert_old_inbox_rows(
+    fixtures::insert_old_inbox_rows(
         &mut admin,
         ("task-result-view", QUEUE),
         "old",
@@ -280,7 +280,7 @@ async fn run(rows: usize, bytes: usize, tasks: usize) {
     let after = drain(&orbit, &client, &sub.id, &env, tasks, 3, None).await;
 
     // Prune alone and unpaced, for 10 s, from where the first run stopped: what it could do.
-    let alone = conformance::run_receiver(
+    let alone = fixtures::run_receiver(
         &[
             "prune",
             "--older-than",
@@ -292,7 +292,7 @@ async fn run(rows: usize, bytes: usize, tasks: usize) {
             "--max-rate",
             "1000000",
         ],
-        &conformance::prune_env(&orbit.db.prune_url()),
+        &fixtures::prune_env(&orbit.db.prune_url()),
         None,
     );
     let alone = String::from_utf8_lossy(&alone.stdout).trim().to_owned();

@@ -1,6 +1,6 @@
 //! The soak (`make soak`; not part of `make test`): 100,000 deliveries through the real
 //! `receiver consume` (release build) from a real `orbit-dev`, made while the receiver
-//! consumes (`conformance::load`: three versions and a duplicate per task; older versions
+//! consumes (`fixtures::load`: three versions and a duplicate per task; older versions
 //! arrive late when handlers overtake each other), and then 1,000 older versions sent late on
 //! purpose (orbit-dev's `forge-event`: version 1 again under a new id, for tasks at their top
 //! version), each of which must be recorded as stale. Once a second it samples the resident set
@@ -15,9 +15,9 @@
 
 use std::time::{Duration, Instant};
 
-use conformance::load::{produce, DELIVERIES_PER_TASK, LOAD_TYPES};
-use conformance::process::Consumer;
-use conformance::subscribed_receiver;
+use fixtures::load::{produce, DELIVERIES_PER_TASK, LOAD_TYPES};
+use fixtures::process::Consumer;
+use fixtures::subscribed_receiver;
 use sqlx::{Connection, MySqlConnection};
 
 /// Samples before this are the warm-up (pools filling, caches growing to their size).
@@ -193,7 +193,7 @@ async fn soak(tasks: usize, concurrency: usize, stale: usize) {
         "  {:.0} s: every task made; waiting for the last deliveries to be ACKED",
         started.elapsed().as_secs_f64()
     );
-    conformance::load::wait_drained(
+    fixtures::load::wait_drained(
         &mut platform,
         sub.id.as_str(),
         Duration::from_millis(200),
@@ -224,7 +224,7 @@ async fn soak(tasks: usize, concurrency: usize, stale: usize) {
         started.elapsed().as_secs_f64(),
         forged.len()
     );
-    conformance::load::wait_drained(
+    fixtures::load::wait_drained(
         &mut platform,
         sub.id.as_str(),
         Duration::from_millis(200),
@@ -245,7 +245,7 @@ async fn soak(tasks: usize, concurrency: usize, stale: usize) {
     let mut admin = MySqlConnection::connect(orbit.db.admin_receiver_url().expose())
         .await
         .unwrap();
-    let ledger = conformance::check_ledger_on(&mut admin, &mut platform, sub.id.as_str(), "soak")
+    let ledger = fixtures::check_ledger_on(&mut admin, &mut platform, sub.id.as_str(), "soak")
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     println!(

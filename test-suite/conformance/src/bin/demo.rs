@@ -13,7 +13,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitCode, Stdio};
 
-use conformance::workspace_bin;
+use fixtures::workspace_bin;
 
 /// Kills the platform process on every way out.
 struct Guard(Option<Child>);
@@ -83,7 +83,7 @@ fn run(local: &Path) -> Result<(), String> {
     // A previous run's file names a platform that is gone with its throwaway server.
     let _ = std::fs::remove_file(&credentials);
     let printed =
-        conformance::bootstrap(db.platform_url().expose(), "inbox-demo", true, &credentials)?;
+        fixtures::bootstrap(db.platform_url().expose(), "inbox-demo", true, &credentials)?;
     eprint!("make demo: {printed}");
 
     let mut serve = Command::new(workspace_bin("orbit-dev"))

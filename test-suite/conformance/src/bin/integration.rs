@@ -29,7 +29,7 @@ use std::process::{Command, ExitCode, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use conformance::RUN_MARKER as RUN_VAR;
+use fixtures::RUN_MARKER as RUN_VAR;
 
 /// One suite's result.
 #[derive(Debug, Clone)]
@@ -713,13 +713,13 @@ fn report(
 /// no file in a suite's scratch directory. Says so either way.
 fn cleanup_checked(run_id: &str, run_dir: &Path, results: &[Outcome]) -> bool {
     // Give exiting processes a moment to be reaped.
-    let _ = conformance::poll_blocking(Duration::from_secs(5), Duration::from_millis(100), || {
+    let _ = fixtures::poll_blocking(Duration::from_secs(5), Duration::from_millis(100), || {
         leftover_processes(run_id).is_empty().then_some(())
     });
     let leftovers = leftover_processes(run_id);
     let files: Vec<PathBuf> = results
         .iter()
-        .flat_map(|o| conformance::files_under(&run_dir.join(&o.suite)))
+        .flat_map(|o| fixtures::files_under(&run_dir.join(&o.suite)))
         .collect();
     if leftovers.is_empty() {
         println!("cleanup: no process of this run is left");

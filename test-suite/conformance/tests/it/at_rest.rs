@@ -7,7 +7,7 @@
 
 use std::path::{Path, PathBuf};
 
-use conformance::{EventSpec, QUEUE};
+use fixtures::{EventSpec, QUEUE};
 use result_inbox::store::StoreOptions;
 use result_inbox::{ConsumerName, Dsn, Outcome, QueueId, Store};
 use sqlx::{Connection, MySqlConnection};
@@ -46,7 +46,7 @@ async fn files_with_markers(
     markers: [&str; 2],
 ) -> (Vec<PathBuf>, bool, testdb::Backup, String) {
     let db = server.provision().await.expect("provisioned");
-    conformance::initialise(&db).await;
+    fixtures::initialise(&db).await;
     let store = Store::connect(
         &Dsn::parse(db.runtime_url().expose()).unwrap(),
         ConsumerName::new("task-result-view").unwrap(),
@@ -128,7 +128,7 @@ async fn a_marker_in_a_result_is_found_in_a_plain_servers_files() {
             }
         })
         .collect();
-    conformance::note(
+    fixtures::note(
         "at_rest",
         format_args!("plain server: the markers are in {}", names.join(", ")),
     );
@@ -150,7 +150,7 @@ async fn a_marker_in_a_result_is_in_no_file_of_an_encrypted_server() {
         found.is_empty(),
         "a marker written in a result can be read from the encrypted server's files or its backup: {found:?}"
     );
-    conformance::note(
+    fixtures::note(
         "at_rest",
         format_args!(
             "encrypted server: the markers are in no file of its datadir, its temporary directory or its hot backup"

@@ -5,13 +5,13 @@
 //! alive and, after a panic, the run's temporary directory must be empty and its namespaces
 //! gone; after a SIGKILL the next run's sweep must empty the one and remove the others.
 
-use conformance::process::Barrier;
+use fixtures::process::Barrier;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use conformance::process::Consumer;
-use conformance::{files_under, subscribed_receiver, QUEUE};
+use fixtures::process::Consumer;
+use fixtures::{files_under, subscribed_receiver, QUEUE};
 
 /// Where the doomed run writes the pids of what it started (set by the parent).
 const PIDS_VAR: &str = "CONFORMANCE_DOOMED_PIDS";
@@ -85,10 +85,9 @@ fn read_pids(file: &Path) -> Vec<u32> {
 /// Waits up to 10 s for every pid to be gone.
 fn assert_gone(pids: &[u32]) {
     let alive = || -> Vec<&u32> { pids.iter().filter(|p| testdb::process_alive(**p)).collect() };
-    let gone =
-        conformance::poll_blocking(Duration::from_secs(10), Duration::from_millis(50), || {
-            alive().is_empty().then_some(())
-        });
+    let gone = fixtures::poll_blocking(Duration::from_secs(10), Duration::from_millis(50), || {
+        alive().is_empty().then_some(())
+    });
     assert!(
         gone.is_some(),
         "still running after the failed run: {:?}",
@@ -135,16 +134,15 @@ fn a_panicking_run_leaves_no_process_and_no_temporary_file() {
 fn a_killed_run_leaves_no_process_and_the_next_run_sweeps_its_directories() {
     let (mut child, tmp, pids_file) = start_doomed("hang");
     let child_pid = child.id();
-    let pids =
-        conformance::poll_blocking(Duration::from_secs(60), Duration::from_millis(50), || {
-            let pids = read_pids(&pids_file);
-            assert!(
-                pids.len() == 4 || child.try_wait().unwrap().is_none(),
-                "the doomed run ended early"
-            );
-            (pids.len() == 4).then_some(pids)
-        })
-        .expect("the doomed run did not set up within 60 s");
+    let pids = fixtures::poll_blocking(Duration::from_secs(60), Duration::from_millis(50), || {
+        let pids = read_pids(&pids_file);
+        assert!(
+            pids.len() == 4 || child.try_wait().unwrap().is_none(),
+            "the doomed run ended early"
+        );
+        (pids.len() == 4).then_some(pids)
+    })
+    .expect("the doomed run did not set up within 60 s");
     // Counted before the kill: namespaces are the machine's, not under our TMPDIR, so once
     // the owner is dead any run's sweep (another suite's, side by side) may take them.
     assert_eq!(

@@ -4,7 +4,7 @@
 use std::process::Output;
 use std::time::{Duration, Instant};
 
-use conformance::{bare_command, receiver_bin, ReceiverDb};
+use fixtures::{bare_command, receiver_bin, ReceiverDb};
 use sqlx::{Connection, Row};
 
 fn receiver(args: &[&str], env: &[(&str, &str)]) -> Output {
@@ -583,7 +583,7 @@ fn kit_case_with(name: &str, case: &str, line: &str) -> (std::path::PathBuf, std
 
 /// `conformance run --receiver RECEIVER ARGS --keep-logs LOGS`, as a user runs it (PATH only).
 fn kit_run(receiver: &str, args: &[&str], logs: &std::path::Path) -> std::process::Output {
-    bare_command(&conformance::workspace_bin("conformance"))
+    bare_command(&fixtures::workspace_bin("conformance"))
         .env("PATH", "/usr/bin:/bin")
         .args(["run", "--receiver", receiver])
         .args(args)
@@ -690,7 +690,7 @@ fi"#
 fn a_should_case_that_finds_lost_data_fails_a_plain_run() {
     let dir = testdb::scratch_dir().unwrap().join("kit-lost-data");
     std::fs::create_dir_all(&dir).unwrap();
-    let mutant = conformance::workspace_bin("receiver-mutant");
+    let mutant = fixtures::workspace_bin("receiver-mutant");
     let out = kit_run(
         &format!("env RECEIVER_MUTANT=ack-before-commit {}", mutant.display()),
         &["--only", "database-restart"],
@@ -727,7 +727,7 @@ fn a_certificate_states_who_judged_what_and_matches_its_schema() {
     let dir = testdb::scratch_dir().unwrap().join("kit-certificate");
     std::fs::create_dir_all(&dir).unwrap();
     let certificate = dir.join("out/cert.json");
-    let kit = conformance::workspace_bin("conformance");
+    let kit = fixtures::workspace_bin("conformance");
     let cert = certificate.display().to_string();
     let out = kit_run(
         &receiver_bin().display().to_string(),

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use commit_proxy::{Action, On, RuleSpec};
-use conformance::{EventSpec, ReceiverDb};
+use fixtures::{EventSpec, ReceiverDb};
 use result_inbox::StorageKind;
 use result_inbox::{ApplyError, Outcome, TaskId};
 

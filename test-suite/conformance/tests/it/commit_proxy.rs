@@ -6,7 +6,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use commit_proxy::{Action, On, Proxy, RuleSpec};
-use conformance::{http_json, workspace_bin, EventSpec, ReceiverDb};
+use fixtures::{http_json, workspace_bin, EventSpec, ReceiverDb};
 use result_inbox::{ApplyError, Outcome};
 use serde_json::json;
 use sqlx::{Connection, Executor, MySqlConnection, Row};
@@ -324,7 +324,7 @@ async fn the_binary_is_driven_through_its_control_interface() {
     ])
     .stdout(Stdio::piped())
     .stderr(Stdio::piped());
-    let mut child = conformance::spawn(cmd);
+    let mut child = fixtures::spawn(cmd);
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
     let listening = lines.next().unwrap().unwrap();
     let control = lines.next().unwrap().unwrap();
@@ -398,11 +398,10 @@ async fn the_binary_is_driven_through_its_control_interface() {
 
     // SIGTERM stops it cleanly.
     sigterm(child.id());
-    let status =
-        conformance::poll_blocking(Duration::from_secs(5), Duration::from_millis(20), || {
-            child.try_wait().unwrap()
-        })
-        .expect("commit-proxy did not stop on SIGTERM");
+    let status = fixtures::poll_blocking(Duration::from_secs(5), Duration::from_millis(20), || {
+        child.try_wait().unwrap()
+    })
+    .expect("commit-proxy did not stop on SIGTERM");
     assert!(status.success(), "{status}");
 }
 

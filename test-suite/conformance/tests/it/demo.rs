@@ -5,7 +5,7 @@ use std::io::Read;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use conformance::{bare_command, eventually, receiver_bin, spawn, OrbitDev, QUEUE};
+use fixtures::{bare_command, eventually, receiver_bin, spawn, OrbitDev, QUEUE};
 use orbit_sdk::{DeliveryFilter, SubscriptionId};
 use sqlx::{Connection, Executor, MySqlConnection, Row};
 
@@ -229,7 +229,7 @@ fn the_demo_with_the_platform_down_fails_clearly_within_twenty_seconds() {
     .write(&creds, true)
     .unwrap();
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let rdb = rt.block_on(conformance::ReceiverDb::new());
+    let rdb = rt.block_on(fixtures::ReceiverDb::new());
     let started = Instant::now();
     let out = run(&mut receiver(
         &["demo"],
@@ -342,7 +342,7 @@ async fn consume_stopped_during_start_up_exits_cleanly() {
     let mut consume = spawn(piped(receiver(&["consume"], &env)));
     // Wait until its request arrives: then it is waiting for the subscription.
     silent.set_nonblocking(true).unwrap();
-    let asked = conformance::poll(Duration::from_secs(10), Duration::from_millis(20), || {
+    let asked = fixtures::poll(Duration::from_secs(10), Duration::from_millis(20), || {
         let seen = match silent.accept() {
             Ok((c, _)) => Some(Ok(c)),
             Err(_) => consume.try_wait().unwrap().map(Err),

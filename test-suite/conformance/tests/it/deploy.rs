@@ -10,9 +10,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use conformance::http::http_get_10;
-use conformance::process::Consumer;
-use conformance::{cancelled_task, eventually, OwnServerReceiver};
+use fixtures::http::http_get_10;
+use fixtures::process::Consumer;
+use fixtures::{cancelled_task, eventually, OwnServerReceiver};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use sqlx::Connection;
@@ -66,7 +66,7 @@ fn the_systemd_units_pass_systemd_analyze_verify() {
     // (the timer beside the service it starts).
     let dir = testdb::scratch_dir().unwrap().join("systemd-verify");
     std::fs::create_dir_all(&dir).unwrap();
-    let receiver = conformance::receiver_bin();
+    let receiver = fixtures::receiver_bin();
     let mut copies = Vec::new();
     for name in [
         "receiver-consume.service",
@@ -140,12 +140,11 @@ fn the_systemd_units_pass_systemd_analyze_verify() {
 /// and names the missing delivery.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_daily_audit_units_command_exits_0_when_nothing_is_missing_and_3_when_a_row_is_gone() {
-    let (orbit, client, sub, env) =
-        conformance::subscribed_receiver(&[], &["task.cancelled"]).await;
+    let (orbit, client, sub, env) = fixtures::subscribed_receiver(&[], &["task.cancelled"]).await;
     let consumer = Consumer::normal(&env);
     cancelled_task(&client).await;
     cancelled_task(&client).await;
-    conformance::all_acked(&client, &sub.id, Some(2), Duration::from_secs(30)).await;
+    fixtures::all_acked(&client, &sub.id, Some(2), Duration::from_secs(30)).await;
     consumer.stop().await;
 
     let unit =
@@ -158,7 +157,7 @@ async fn the_daily_audit_units_command_exits_0_when_nothing_is_missing_and_3_whe
         .expect("ExecStart=/bin/sh -c '…'");
     let script = exec.replace("%%", "%").replace(
         "/usr/local/bin/receiver",
-        &conformance::receiver_bin().display().to_string(),
+        &fixtures::receiver_bin().display().to_string(),
     );
     let credentials = testdb::scratch_dir().unwrap().join("audit-credentials");
     std::fs::create_dir_all(&credentials).unwrap();
@@ -169,7 +168,7 @@ async fn the_daily_audit_units_command_exits_0_when_nothing_is_missing_and_3_whe
         .unwrap();
     std::fs::write(credentials.join("dsn"), dsn).unwrap();
     let audit = || {
-        let mut cmd = conformance::bare_command(Path::new("/bin/sh"));
+        let mut cmd = fixtures::bare_command(Path::new("/bin/sh"));
         cmd.arg("-c")
             .arg(&script)
             .envs(
@@ -423,7 +422,7 @@ async fn the_receiver_image_runs_the_demo_end_to_end() {
         std::env::var("RECEIVER_IMAGE").expect("RECEIVER_IMAGE names the image"),
         std::env::var("DOCKER_HOST").expect("DOCKER_HOST names the engine"),
     );
-    let orbit = conformance::OrbitDev::start(&[]).await;
+    let orbit = fixtures::OrbitDev::start(&[]).await;
     orbit.init_receiver().await;
     let credentials = orbit.credentials();
     // The image runs as nobody: the token and queue go in as variables, not as a file.
@@ -504,7 +503,7 @@ async fn the_receiver_image_runs_the_demo_end_to_end() {
 fn kit_passed(out: &std::process::Output, started: Instant) -> String {
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     let stderr = String::from_utf8_lossy(&out.stderr);
-    let cases = conformance::kit::cases().len();
+    let cases = conformance_kit::cases().len();
     assert!(out.status.success(), "{stdout}{stderr}");
     assert!(
         stdout.contains(&format!("{cases} passed, 0 failed")),
@@ -514,7 +513,7 @@ fn kit_passed(out: &std::process::Output, started: Instant) -> String {
         stdout.contains(&format!(
             "conformance {} (contract {})",
             env!("CARGO_PKG_VERSION"),
-            conformance::kit::CONTRACT_VERSION
+            conformance_kit::CONTRACT_VERSION
         )),
         "{stdout}"
     );
@@ -536,7 +535,7 @@ fn the_kit_tarball_passes_on_a_clean_debian_with_only_mariadb() {
     let image = std::env::var("MARIADB_IMAGE").expect("MARIADB_IMAGE names the image");
     #[allow(clippy::disallowed_methods)] // set by scripts/containers run
     let engine = std::env::var("DOCKER_HOST").expect("DOCKER_HOST names the engine");
-    let tarball = conformance::bins::dist_tarball("result-inbox-kit-");
+    let tarball = fixtures::bins::dist_tarball("result-inbox-kit-");
     let file = tarball.file_name().unwrap().to_string_lossy().into_owned();
     let name = file.trim_end_matches(".tar.gz");
     // The QUICKSTART.md a user unpacks, not the template in deploy/kit.
@@ -550,7 +549,7 @@ fn the_kit_tarball_passes_on_a_clean_debian_with_only_mariadb() {
     let quickstart = String::from_utf8_lossy(&quickstart.stdout).into_owned();
     let script = format!(
         "cd /tmp && cp /dist/{file} . && RECEIVER=/receiver/receiver\n{}",
-        conformance::docs::script(&quickstart, "quickstart")
+        fixtures::docs::script(&quickstart, "quickstart")
     );
     let receiver = repo().join("target/release/receiver");
     assert!(receiver.is_file(), "make release first");
@@ -585,7 +584,7 @@ fn the_kit_image_passes_against_a_mounted_receiver() {
     let receiver = repo().join("target/release/receiver");
     assert!(receiver.is_file(), "make release first");
     let quickstart = std::fs::read_to_string(repo().join("deploy/kit/QUICKSTART.md")).unwrap();
-    let script = conformance::docs::script(&quickstart, "quickstart-image")
+    let script = fixtures::docs::script(&quickstart, "quickstart-image")
         .replace(
             "/path/to/build",
             &receiver.parent().unwrap().display().to_string(),

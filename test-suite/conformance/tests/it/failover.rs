@@ -20,9 +20,9 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use conformance::load::{produce, LOAD_TYPES};
-use conformance::process::Consumer;
-use conformance::{OrbitDev, QUEUE};
+use fixtures::load::{produce, LOAD_TYPES};
+use fixtures::process::Consumer;
+use fixtures::{OrbitDev, QUEUE};
 use sqlx::{Connection, MySqlConnection};
 use testdb::{Provisioned, ReplicationOptions, Topology};
 
@@ -60,7 +60,7 @@ async fn rig(
         .unwrap_or_else(|e| panic!("the replication topology did not start: {e}"));
     let primary = topology.member(topology.primary());
     let db = primary.provision().await.expect("provisioned");
-    conformance::initialise(&db).await;
+    fixtures::initialise(&db).await;
     topology
         .wait_caught_up(Duration::from_secs(30))
         .await
@@ -202,7 +202,7 @@ impl Databases {
         for i in self.topology.replicas() {
             self.topology.stop_io(i).await.unwrap();
         }
-        let said = conformance::poll(Duration::from_secs(30), Duration::from_millis(100), || {
+        let said = fixtures::poll(Duration::from_secs(30), Duration::from_millis(100), || {
             let more = consumers.iter().zip(&before).any(|(c, n)| seen(c) > *n);
             async move { more.then_some(()) }
         })
@@ -240,7 +240,7 @@ impl Databases {
         for i in self.topology.replicas() {
             self.topology.start_io(i).await.unwrap();
         }
-        conformance::eventually(
+        fixtures::eventually(
             Duration::from_secs(30),
             "the gate to open by itself",
             || {
@@ -319,7 +319,7 @@ async fn failovers_under_lossless_semi_sync_with_the_gate_lose_no_acked_event() 
         .unwrap_or_else(|| fastrand::u64(..1_000_000));
     let minutes =
         var("FAILOVER_MINUTES").map(|m| m.parse::<f64>().expect("FAILOVER_MINUTES is a number"));
-    conformance::note(
+    fixtures::note(
         "failover",
         format_args!(
             "seed {seed}{}",
@@ -386,7 +386,7 @@ async fn failovers_under_lossless_semi_sync_with_the_gate_lose_no_acked_event() 
         acked_while_unreplicated, 0,
         "deliveries were ACKED while no replica acknowledged the primary's commits"
     );
-    let deliveries = tasks.len() * conformance::load::DELIVERIES_PER_TASK;
+    let deliveries = tasks.len() * fixtures::load::DELIVERIES_PER_TASK;
     let mut conn = connect().await;
     let until = Instant::now() + Duration::from_secs(180);
     let mut drained = None;
@@ -407,7 +407,7 @@ async fn failovers_under_lossless_semi_sync_with_the_gate_lose_no_acked_event() 
     let out_a = a.stop().await;
     let out_b = b.stop().await;
     let mut admin = dbs.primary_receiver_db().await;
-    let ledger = conformance::check_ledger_on(&mut admin, &mut conn, &sub, "failover")
+    let ledger = fixtures::check_ledger_on(&mut admin, &mut conn, &sub, "failover")
         .await
         .unwrap_or_else(|e| panic!("seed {seed}: {e}"));
     let extra: i64 = sqlx::query_scalar(
@@ -449,7 +449,7 @@ async fn failovers_under_lossless_semi_sync_with_the_gate_lose_no_acked_event() 
     let count = |out: &str, what: &str| out.matches(what).count();
     let both = |what: &str| count(&out_a, what) + count(&out_b, what);
     let kinds: Vec<String> = counts.iter().map(|(k, n)| format!("{k:?} {n}")).collect();
-    conformance::note(
+    fixtures::note(
         "failover",
         format_args!(
             "seed {seed}: faults {}; {} deliveries ACKED, {} events ({} stale); extra attempts {extra}; handed back {}; not ACKed as unreplicated {}; ACKED while unreplicated 0; ACKed events lost 0 (ledger clean on the final primary); {:.0} s",
@@ -506,7 +506,7 @@ async fn asynchronous_replication_with_replicas_held_back_loses_acked_events_and
         tokio::join!(load, faults)
     };
     let _ = a.stop().await;
-    conformance::note(
+    fixtures::note(
         "failover",
         format_args!(
             "asynchronous replication, replicas held back 4 s, primary killed: {lost} of {acked} ACKED deliveries' events lost ({} tasks)",
@@ -539,7 +539,7 @@ async fn the_gate_refuses_a_server_that_cannot_honour_it_in_one_line() {
     ] {
         let server = testdb::Server::local_with_args(args).expect("a local server");
         let db = server.provision().await.expect("provisioned");
-        conformance::initialise(&db).await;
+        fixtures::initialise(&db).await;
         let orbit = OrbitDev::start(&[]).await;
         let sub = orbit
             .client()
@@ -550,7 +550,7 @@ async fn the_gate_refuses_a_server_that_cannot_honour_it_in_one_line() {
         env.push(("ORBIT_SUBSCRIPTION_ID", sub.id.to_string()));
         env.push(("RECEIVER_REQUIRE_REPLICA_ACK", "1".into()));
         let mut consumer = Consumer::normal(&env);
-        let status = conformance::poll(Duration::from_secs(20), Duration::from_millis(100), || {
+        let status = fixtures::poll(Duration::from_secs(20), Duration::from_millis(100), || {
             let exited = consumer.try_wait();
             async move { exited }
         })

@@ -6,8 +6,8 @@
 use std::io::Write;
 use std::time::Duration;
 
-use conformance::process::{receiver_faults_bin, Barrier, Consumer};
-use conformance::{
+use fixtures::process::{receiver_faults_bin, Barrier, Consumer};
+use fixtures::{
     all_acked, cancelled_task, eventually, receiver_bin, subscribed_receiver, OrbitDev,
     OwnServerReceiver, QUEUE,
 };
@@ -30,7 +30,7 @@ async fn delivery_reaches(
     state: &str,
     within: Duration,
 ) -> DeliveryInfo {
-    let reached = conformance::poll(within, Duration::from_millis(100), || async {
+    let reached = fixtures::poll(within, Duration::from_millis(100), || async {
         let d = client.get_delivery(id).await.unwrap();
         (d.state == state).then_some(d)
     })
@@ -102,7 +102,7 @@ fn the_normal_receiver_binary_has_no_barrier_code_flag_or_variable() {
     only_in(&receiver_faults_bin(), "the fault build", needles);
     // Nor the kit's mutants (make mutant-build), which the mutant build does contain.
     only_in(
-        &conformance::workspace_bin("receiver-mutant"),
+        &fixtures::workspace_bin("receiver-mutant"),
         "the mutant build",
         &[
             b"RECEIVER_MUTANT",
@@ -139,7 +139,7 @@ async fn the_configured_concurrency_is_how_many_deliveries_consume_holds() {
         ],
     );
     // Both slots held at their barrier (the apply budget, 5 s, runs from here).
-    let both = conformance::poll(Duration::from_secs(20), Duration::from_millis(20), || {
+    let both = fixtures::poll(Duration::from_secs(20), Duration::from_millis(20), || {
         let held = consumer.hits().len() >= 2;
         async move { held.then_some(()) }
     })
@@ -844,7 +844,7 @@ async fn crash_loop_of_twenty_kills_loses_nothing_and_applies_nothing_twice() {
         match kill {
             Kill::At(point, hit) => {
                 let mut c = Consumer::faulty(&env, &[(*point, *hit)]);
-                conformance::poll(Duration::from_secs(6), Duration::from_millis(20), || {
+                fixtures::poll(Duration::from_secs(6), Duration::from_millis(20), || {
                     let hit = !c.hits().is_empty();
                     assert!(
                         hit || c.try_wait().is_none(),
@@ -907,7 +907,7 @@ async fn check_consistency(
     let mut admin = MySqlConnection::connect(orbit.db.admin_receiver_url().expose())
         .await
         .unwrap();
-    let ledger = conformance::check_ledger(&mut admin, client, sub, tasks, &format!("seed {seed}"))
+    let ledger = fixtures::check_ledger(&mut admin, client, sub, tasks, &format!("seed {seed}"))
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     assert!(

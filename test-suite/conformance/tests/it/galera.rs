@@ -16,8 +16,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use conformance::process::Consumer;
-use conformance::{all_acked, check_ledger, eventually, EventSpec, OrbitDev, QUEUE};
+use fixtures::process::Consumer;
+use fixtures::{all_acked, check_ledger, eventually, EventSpec, OrbitDev, QUEUE};
 use result_inbox::store::{BusinessWrite, Receipt, StoreOptions, WriteFuture};
 use result_inbox::{ApplyError, ConsumerName, Dsn, Outcome, QueueId, StorageKind, Store};
 use sqlx::{MySqlConnection, Row};
@@ -35,7 +35,7 @@ static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// A figure for the run's log, past the test harness's capture of `eprintln!`.
 fn note(line: std::fmt::Arguments<'_>) {
-    conformance::note("galera", line);
+    fixtures::note("galera", line);
 }
 
 /// The suite's cluster, started on first use; `None` (with a message) only outside CI when
@@ -134,7 +134,7 @@ impl OnCluster {
     /// An admin connection on the receiver database on node `i` whose reads wait until the
     /// node has applied everything committed anywhere before them.
     async fn admin(&self, i: usize) -> MySqlConnection {
-        conformance::admin_in_sync(&self.db.admin_receiver_url_on(self.node(i))).await
+        fixtures::admin_in_sync(&self.db.admin_receiver_url_on(self.node(i))).await
     }
 
     /// (inbox rows, applied inbox rows) of `task`, and its view's (version, last event,
@@ -556,7 +556,7 @@ async fn an_isolated_node_is_unavailable_writes_nothing_and_spends_no_attempt() 
     let consumer = Consumer::normal(&env);
     let mut tasks = Vec::new();
     for _ in 0..5 {
-        tasks.push(conformance::cancelled_task(&client).await);
+        tasks.push(fixtures::cancelled_task(&client).await);
     }
     eventually(Duration::from_secs(20), "consume says it waits", || {
         let out = consumer.output();
@@ -708,7 +708,7 @@ async fn two_consumers_on_two_nodes_through_a_node_kill_and_an_isolation_lose_an
         "the kill, the isolation and two consumers on one stream made no apply retry: nothing was tested"
     );
 
-    let mut admin = conformance::admin_in_sync(&receiver_db.admin_receiver_url_on(c.node(0))).await;
+    let mut admin = fixtures::admin_in_sync(&receiver_db.admin_receiver_url_on(c.node(0))).await;
     let ledger = check_ledger(&mut admin, &client, &sub.id, &tasks, "galera end to end")
         .await
         .unwrap_or_else(|e| panic!("{e}"));

@@ -3,7 +3,7 @@
 
 use std::process::Output;
 
-use conformance::{EventSpec, OrbitDev, ReceiverDb, QUEUE};
+use fixtures::{EventSpec, OrbitDev, ReceiverDb, QUEUE};
 use futures_util::{SinkExt, StreamExt};
 use result_inbox::Outcome;
 use serde_json::Value;
@@ -11,7 +11,7 @@ use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::Message;
 
 fn receiver(args: &[&str], env: &[(&str, String)], stdin: Option<&[u8]>) -> Output {
-    conformance::run_receiver(args, env, stdin)
+    fixtures::run_receiver(args, env, stdin)
 }
 
 fn text(b: &[u8]) -> String {
@@ -262,7 +262,7 @@ async fn inspect_shows_an_expired_delivery_and_survives_the_platform_going_down(
             }
         }
     }
-    conformance::eventually(
+    fixtures::eventually(
         std::time::Duration::from_secs(10),
         "the delivery to be EXPIRED",
         || async {

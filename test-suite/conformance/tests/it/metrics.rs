@@ -5,8 +5,8 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use conformance::process::Consumer;
-use conformance::{eventually, http_raw, OwnServerReceiver, QUEUE};
+use fixtures::process::Consumer;
+use fixtures::{eventually, http_raw, OwnServerReceiver, QUEUE};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use serde_json::json;

@@ -35,7 +35,7 @@
 //! `2` runs the nodes with that `innodb_flush_log_at_trx_commit` (Galera's usual advice)
 //! instead of 1, and reports what the ledger finds instead of failing on it.
 
-use conformance::process::Barrier;
+use fixtures::process::Barrier;
 use std::collections::BTreeMap;
 use std::fmt;
 use std::net::Ipv4Addr;
@@ -43,8 +43,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use conformance::process::Consumer;
-use conformance::{check_ledger_on, Launcher, OrbitDev, QUEUE};
+use fixtures::process::Consumer;
+use fixtures::{check_ledger_on, Launcher, OrbitDev, QUEUE};
 use nix::sys::signal::Signal;
 use sqlx::{Connection, MySqlConnection, Row};
 use testdb::netns::{Member, Net};
@@ -70,7 +70,7 @@ fn var(name: &str) -> Option<String> {
 
 /// A figure for the run's log, past the test harness's capture of `eprintln!`.
 fn note(line: fmt::Arguments<'_>) {
-    conformance::note("nemesis", line);
+    fixtures::note("nemesis", line);
 }
 
 /// Whether this machine cannot run the test (no root for namespaces, or, with `galera`, no
@@ -288,9 +288,9 @@ impl World {
     /// Starts consumer `i` in its namespace, its routes to its node and to orbit-dev checked.
     fn start_consumer(&mut self, i: usize, barriers: &[(Barrier, u64)]) {
         let bin = if i == 0 {
-            conformance::receiver_bin()
+            fixtures::receiver_bin()
         } else {
-            conformance::process::receiver_faults_bin()
+            fixtures::process::receiver_faults_bin()
         };
         let node_addr = self.node_member(CONSUMER_NODE[i]).addr();
         let orbit_addr: Ipv4Addr = self
@@ -510,12 +510,12 @@ async fn load(
     let batch = 3;
     let started = Instant::now();
     while !stop.load(Ordering::SeqCst) {
-        let ids = conformance::load::produce(&orbit, &client, &sub, batch, &mut rng, |_| {}).await;
+        let ids = fixtures::load::produce(&orbit, &client, &sub, batch, &mut rng, |_| {}).await;
         tasks += ids.len();
         done.extend(ids);
         if rng.usize(0..3) == 0 {
             let task = &done[rng.usize(..done.len())];
-            if conformance::load::send_late_version(&orbit, &client, &sub, task).await {
+            if fixtures::load::send_late_version(&orbit, &client, &sub, task).await {
                 forged += 1;
             }
         }
@@ -768,7 +768,7 @@ async fn a_seeded_schedule_of_partitions_pauses_and_kills_leaves_the_ledger_clea
     receiver_db.grant_runtime().await.unwrap();
     let client = orbit.client();
     let sub = client
-        .create_subscription(QUEUE, conformance::load::LOAD_TYPES)
+        .create_subscription(QUEUE, fixtures::load::LOAD_TYPES)
         .await
         .unwrap()
         .id;
@@ -900,7 +900,7 @@ async fn a_seeded_schedule_of_partitions_pauses_and_kills_leaves_the_ledger_clea
     for i in 0..3 {
         let node = world.cluster.node(i);
         let mut admin =
-            conformance::admin_in_sync(&world.receiver_db.admin_receiver_url_on(node)).await;
+            fixtures::admin_in_sync(&world.receiver_db.admin_receiver_url_on(node)).await;
         match check_ledger_on(
             &mut admin,
             &mut platform,

@@ -5,8 +5,8 @@
 
 use std::time::Duration;
 
-use conformance::process::Consumer;
-use conformance::{all_acked, cancelled_task, eventually, OwnServerReceiver};
+use fixtures::process::Consumer;
+use fixtures::{all_acked, cancelled_task, eventually, OwnServerReceiver};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use sqlx::{Connection, MySqlConnection};
@@ -166,7 +166,7 @@ async fn readiness_follows_a_stopped_database_within_two_seconds_whatever_applie
     let resume = ContinueOnDrop(pid);
     kill(pid, Signal::SIGSTOP).unwrap();
     let down = Consumer::readiness_becomes(&addr, false, Duration::from_secs(10)).await;
-    let scraped = conformance::http_raw(&addr, "GET", "/metrics", None, None).1;
+    let scraped = fixtures::http_raw(&addr, "GET", "/metrics", None, None).1;
     assert!(
         scraped.lines().any(|l| l == "receiver_database_up 0"),
         "{scraped}"
@@ -266,7 +266,7 @@ async fn a_read_only_database_holds_deliveries_and_costs_none_an_attempt() {
         down <= READINESS,
         "not ready only {down:?} after read_only=1"
     );
-    let scraped = conformance::http_raw(&addr, "GET", "/metrics", None, None).1;
+    let scraped = fixtures::http_raw(&addr, "GET", "/metrics", None, None).1;
     assert!(
         scraped.lines().any(|l| l == "receiver_database_up 0"),
         "{scraped}"
@@ -318,9 +318,9 @@ async fn a_read_only_refusal_is_classified_by_number_and_its_connection_is_disca
     use result_inbox::{ApplyError, StorageKind, Store, StoreOptions};
     let server = testdb::Server::local().expect("a local server");
     let db = server.provision().await.expect("provisioned");
-    conformance::initialise(&db).await;
+    fixtures::initialise(&db).await;
     let dsn = result_inbox::Dsn::parse(db.runtime_url().expose()).unwrap();
-    let queue = result_inbox::QueueId::new(conformance::QUEUE).unwrap();
+    let queue = result_inbox::QueueId::new(fixtures::QUEUE).unwrap();
     let store = Store::connect(
         &dsn,
         result_inbox::ConsumerName::default(),
@@ -333,7 +333,7 @@ async fn a_read_only_refusal_is_classified_by_number_and_its_connection_is_disca
     .unwrap();
     let event = |n: u32| {
         let spec =
-            conformance::EventSpec::cancelled(&format!("evt-ro-{n}"), &format!("task-ro-{n}"), 2);
+            fixtures::EventSpec::cancelled(&format!("evt-ro-{n}"), &format!("task-ro-{n}"), 2);
         result_inbox::TaskEvent::parse(spec.json().as_bytes(), &queue).unwrap()
     };
     let connections = |user: String| {
@@ -411,7 +411,7 @@ async fn a_read_only_refusal_is_classified_by_number_and_its_connection_is_disca
     );
     set_read_only(&server, false).await;
     drop(probe);
-    conformance::eventually(
+    fixtures::eventually(
         Duration::from_secs(10),
         "the refused connection closed",
         || {

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use conformance::{cancelled_task, eventually, http_raw, OrbitDev, QUEUE};
+use fixtures::{cancelled_task, eventually, http_raw, OrbitDev, QUEUE};
 use futures_util::{SinkExt, StreamExt};
 use orbit_sdk::{
     AckResult, Client, ConsumerEvent, DeliveryFilter, DeliveryId, EventConsumer, SubscriptionId,
@@ -488,7 +488,7 @@ async fn limits_scopes_queues_and_tokens() {
 
     // A task-only credential from a second bootstrap (no --event-access).
     let task_only = orbit.credentials_file.with_file_name("tasks.json");
-    let printed = conformance::bootstrap(
+    let printed = fixtures::bootstrap(
         orbit.db.platform_url().expose(),
         "other-queue",
         false,
@@ -503,7 +503,7 @@ async fn limits_scopes_queues_and_tokens() {
     let other = orbit_sdk::Credentials::load(&task_only).unwrap();
     // A second bootstrap to the same file refuses and keeps it (the old token stays valid on
     // the platform, and would be lost); --force replaces it; a missing directory is refused.
-    let again = conformance::bootstrap(
+    let again = fixtures::bootstrap(
         orbit.db.platform_url().expose(),
         "other-queue",
         false,
@@ -518,7 +518,7 @@ async fn limits_scopes_queues_and_tokens() {
             .expose(),
         other.token.expose()
     );
-    let mut force = std::process::Command::new(conformance::workspace_bin("orbit-dev"));
+    let mut force = std::process::Command::new(fixtures::workspace_bin("orbit-dev"));
     let forced = force
         .args(["bootstrap", "--application", "a", "--namespace", "default"])
         .args(["--environment", "development", "--queue", "other-queue"])
@@ -537,7 +537,7 @@ async fn limits_scopes_queues_and_tokens() {
         other.token.expose()
     );
     let nowhere = task_only.with_file_name("no-such-dir").join("c.json");
-    let mut cmd = std::process::Command::new(conformance::workspace_bin("orbit-dev"));
+    let mut cmd = std::process::Command::new(fixtures::workspace_bin("orbit-dev"));
     let refused = cmd
         .args(["bootstrap", "--application", "a", "--namespace", "default"])
         .args(["--environment", "development", "--queue", "q", "--output"])
@@ -552,7 +552,7 @@ async fn limits_scopes_queues_and_tokens() {
         "no directory was created"
     );
     // A non-UTF-8 argument is one line and exit 2, not a panic.
-    let mut cmd = std::process::Command::new(conformance::workspace_bin("orbit-dev"));
+    let mut cmd = std::process::Command::new(fixtures::workspace_bin("orbit-dev"));
     let bad = cmd
         .args(["bootstrap", "--queue"])
         .arg(<std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(b"q\xff"))
@@ -1070,7 +1070,7 @@ async fn every_error_at_the_edges_is_the_documented_json() {
     let other_file = testdb::scratch_dir()
         .unwrap()
         .join(format!("other-ns-{}.json", std::process::id()));
-    let out = std::process::Command::new(conformance::workspace_bin("orbit-dev"))
+    let out = std::process::Command::new(fixtures::workspace_bin("orbit-dev"))
         .args([
             "bootstrap",
             "--application",

@@ -2,13 +2,13 @@
 //! on (R-STORE-12): a redelivery whose inbox row was pruned is recorded again as not applied,
 //! is ACKed, and never moves the view.
 
-use conformance::process::Barrier;
+use fixtures::process::Barrier;
 use std::collections::HashMap;
 use std::process::Output;
 use std::time::Duration;
 
-use conformance::process::Consumer;
-use conformance::{run_receiver, EventSpec, ReceiverDb, QUEUE};
+use fixtures::process::Consumer;
+use fixtures::{run_receiver, EventSpec, ReceiverDb, QUEUE};
 use result_inbox::prune::Pruner;
 use result_inbox::{ApplyError, ConsumerName, Dsn, Outcome, QueueId, TaskId};
 use sqlx::Executor;
@@ -19,19 +19,19 @@ fn text(b: &[u8]) -> String {
 
 /// `n` inbox rows of the default consumer and queue, 100 bytes each, 40 days old.
 async fn old_rows(admin: &mut sqlx::MySqlConnection, n: usize) {
-    conformance::insert_old_inbox_rows(admin, ("task-result-view", QUEUE), "old", n, 100, 40).await;
+    fixtures::insert_old_inbox_rows(admin, ("task-result-view", QUEUE), "old", n, 100, 40).await;
 }
 
 /// `receiver prune ARGS` with `env`, started, its output piped (for a test that signals it or
 /// kills its server meanwhile).
 fn start_prune(env: &[(&'static str, String)], args: &[&str]) -> std::process::Child {
-    let mut cmd = conformance::bare_command(&conformance::receiver_bin());
+    let mut cmd = fixtures::bare_command(&fixtures::receiver_bin());
     cmd.arg("prune")
         .args(args)
         .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped());
-    conformance::spawn(cmd)
+    fixtures::spawn(cmd)
 }
 
 /// The `key=value` fields of a summary line.
@@ -53,7 +53,7 @@ fn prune(
 
 /// The prune account's environment on `db`.
 fn db_env(db: &testdb::Provisioned) -> Vec<(&'static str, String)> {
-    conformance::prune_env(&db.prune_url())
+    fixtures::prune_env(&db.prune_url())
 }
 
 /// `receiver prune ARGS` with `env`; its exit, output and summary fields.
@@ -244,10 +244,10 @@ async fn a_redelivery_racing_a_prune_of_its_row_waits_and_never_moves_the_view()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_prune_during_a_duplicate_s_verdict_waits_and_the_duplicate_is_acked_at_once() {
     let (orbit, client, sub, env) =
-        conformance::subscribed_receiver(&["--enable-fault-api"], &["task.cancelled"]).await;
-    let task = conformance::cancelled_task(&client).await;
+        fixtures::subscribed_receiver(&["--enable-fault-api"], &["task.cancelled"]).await;
+    let task = fixtures::cancelled_task(&client).await;
     let mut consumer = Consumer::faulty(&env, &[(Barrier::BeforeVerdict, 1)]);
-    conformance::all_acked(&client, &sub.id, Some(1), Duration::from_secs(20)).await;
+    fixtures::all_acked(&client, &sub.id, Some(1), Duration::from_secs(20)).await;
     let event_id = orbit
         .client()
         .list_deliveries(&sub.id, &orbit_sdk::DeliveryFilter::default())
@@ -255,7 +255,7 @@ async fn a_prune_during_a_duplicate_s_verdict_waits_and_the_duplicate_is_acked_a
         .unwrap()[0]
         .event_id
         .clone();
-    conformance::age_inbox_rows(&orbit.db, &[&event_id], 40).await;
+    fixtures::age_inbox_rows(&orbit.db, &[&event_id], 40).await;
 
     let reply = orbit.fault(serde_json::json!({"fault": "duplicate-event", "event_id": event_id}));
     let again = reply["deliveries"][0]
@@ -266,7 +266,7 @@ async fn a_prune_during_a_duplicate_s_verdict_waits_and_the_duplicate_is_acked_a
         .wait_barrier(Barrier::BeforeVerdict, Duration::from_secs(20))
         .await;
     let pruning = {
-        let env = conformance::prune_env(&orbit.db.prune_url());
+        let env = fixtures::prune_env(&orbit.db.prune_url());
         std::thread::spawn(move || run_receiver(&["prune", "--older-than", "30d"], &env, None))
     };
     tokio::time::sleep(Duration::from_millis(1500)).await;
@@ -278,7 +278,7 @@ async fn a_prune_during_a_duplicate_s_verdict_waits_and_the_duplicate_is_acked_a
     consumer.release();
 
     let id = orbit_sdk::DeliveryId::new(again.as_str()).unwrap();
-    let acked = conformance::wait::poll(
+    let acked = fixtures::wait::poll(
         Duration::from_secs(20),
         Duration::from_millis(50),
         || async {
@@ -469,8 +469,8 @@ async fn a_time_limit_stops_cleanly_a_second_run_continues_and_two_at_once_share
     let rdb = ReceiverDb::new().await;
     let mut admin = rdb.admin().await;
     let ours = ("task-result-view", QUEUE);
-    conformance::insert_old_inbox_rows(&mut admin, ours, "old", 20_000, 200, 40).await;
-    conformance::insert_old_inbox_rows(&mut admin, ours, "young", 500, 200, 2).await;
+    fixtures::insert_old_inbox_rows(&mut admin, ours, "old", 20_000, 200, 40).await;
+    fixtures::insert_old_inbox_rows(&mut admin, ours, "young", 500, 200, 2).await;
     let url = rdb.db.prune_url();
 
     let (out, first) = prune(
@@ -578,11 +578,11 @@ async fn sigterm_stops_a_prune_between_batches_with_a_summary() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn consume_reports_the_oldest_inbox_row_s_age_and_minus_one_without_the_index() {
     let (orbit, client, sub, mut env) =
-        conformance::subscribed_receiver(&[], &["task.cancelled"]).await;
+        fixtures::subscribed_receiver(&[], &["task.cancelled"]).await;
     env.push(("RECEIVER_METRICS_LISTEN", "127.0.0.1:0".into()));
-    conformance::cancelled_task(&client).await;
+    fixtures::cancelled_task(&client).await;
     let first = Consumer::normal(&env);
-    conformance::all_acked(&client, &sub.id, Some(1), Duration::from_secs(20)).await;
+    fixtures::all_acked(&client, &sub.id, Some(1), Duration::from_secs(20)).await;
     first.stop().await;
     let event = client
         .list_deliveries(&sub.id, &orbit_sdk::DeliveryFilter::default())
@@ -590,10 +590,10 @@ async fn consume_reports_the_oldest_inbox_row_s_age_and_minus_one_without_the_in
         .unwrap()[0]
         .event_id
         .clone();
-    conformance::age_inbox_rows(&orbit.db, &[&event], 40).await;
+    fixtures::age_inbox_rows(&orbit.db, &[&event], 40).await;
 
     let age = |addr: String| async move {
-        conformance::eventually(Duration::from_secs(10), "the gauge is read", || {
+        fixtures::eventually(Duration::from_secs(10), "the gauge is read", || {
             let addr = addr.clone();
             async move { gauge(&addr).is_some_and(|v| v != -1.0) }
         })
@@ -619,7 +619,7 @@ async fn consume_reports_the_oldest_inbox_row_s_age_and_minus_one_without_the_in
         .unwrap();
     let third = Consumer::normal(&env);
     let addr = third.metrics_addr().await;
-    conformance::eventually(
+    fixtures::eventually(
         Duration::from_secs(10),
         "the line on the missing index",
         || {
@@ -636,7 +636,7 @@ async fn consume_reports_the_oldest_inbox_row_s_age_and_minus_one_without_the_in
 
 /// The value of `receiver_inbox_oldest_age_seconds` on `addr`'s `/metrics`.
 fn gauge(addr: &str) -> Option<f64> {
-    let (status, text) = conformance::http_raw(addr, "GET", "/metrics", None, None);
+    let (status, text) = fixtures::http_raw(addr, "GET", "/metrics", None, None);
     assert_eq!(status, 200, "{text}");
     text.lines()
         .find_map(|l| l.strip_prefix("receiver_inbox_oldest_age_seconds "))
@@ -650,7 +650,7 @@ fn gauge(addr: &str) -> Option<f64> {
 async fn a_database_lost_mid_run_stops_prune_with_exit_1_and_keeps_what_it_deleted() {
     let server = testdb::Server::local().expect("a local server");
     let db = server.provision().await.expect("provisioned");
-    conformance::initialise(&db).await;
+    fixtures::initialise(&db).await;
     use sqlx::Connection;
     let mut admin = sqlx::MySqlConnection::connect(db.admin_receiver_url().expose())
         .await

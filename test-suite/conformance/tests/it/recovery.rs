@@ -13,9 +13,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use conformance::load::{produce, wait_drained, LOAD_TYPES};
-use conformance::process::Consumer;
-use conformance::{all_acked, cancelled_task, run_receiver, OrbitDev, QUEUE};
+use fixtures::load::{produce, wait_drained, LOAD_TYPES};
+use fixtures::process::Consumer;
+use fixtures::{all_acked, cancelled_task, run_receiver, OrbitDev, QUEUE};
 use sqlx::{Connection, MySqlConnection};
 use testdb::Server;
 
@@ -104,8 +104,7 @@ async fn forget(admin: &mut MySqlConnection, events: &[String]) {
 /// version, `applied_events` 1); a second `--dry-run` finds nothing missing (exit 0).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reconcile_finds_exactly_the_events_a_restore_lost_and_has_them_applied_again() {
-    let (orbit, client, sub, env) =
-        conformance::subscribed_receiver(&[], &["task.cancelled"]).await;
+    let (orbit, client, sub, env) = fixtures::subscribed_receiver(&[], &["task.cancelled"]).await;
     let mut admin = MySqlConnection::connect(orbit.db.admin_receiver_url().expose())
         .await
         .unwrap();
@@ -209,8 +208,7 @@ async fn reconcile_finds_exactly_the_events_a_restore_lost_and_has_them_applied_
 /// (or without `events:manage` when not a dry run).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_bad_window_and_a_credential_without_the_scopes_are_refused_in_one_line() {
-    let (orbit, client, _sub, env) =
-        conformance::subscribed_receiver(&[], &["task.cancelled"]).await;
+    let (orbit, client, _sub, env) = fixtures::subscribed_receiver(&[], &["task.cancelled"]).await;
     cancelled_task(&client).await;
     let cases: [(&[&str], &str); 6] = [
         (&["--since", "2999-01-01T00:00:00Z"], "is in the future"),
@@ -270,12 +268,11 @@ async fn every_bad_window_and_a_credential_without_the_scopes_are_refused_in_one
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ten_thousand_acked_deliveries_that_all_landed_reconcile_to_zero_missing() {
     const N: usize = 10_000;
-    let (orbit, _client, sub, env) =
-        conformance::subscribed_receiver(&[], &["task.cancelled"]).await;
+    let (orbit, _client, sub, env) = fixtures::subscribed_receiver(&[], &["task.cancelled"]).await;
     let mut admin = MySqlConnection::connect(orbit.db.admin_receiver_url().expose())
         .await
         .unwrap();
-    conformance::insert_old_inbox_rows(&mut admin, ("task-result-view", QUEUE), "bulk", N, 100, 1)
+    fixtures::insert_old_inbox_rows(&mut admin, ("task-result-view", QUEUE), "bulk", N, 100, 1)
         .await;
     let mut platform = MySqlConnection::connect(orbit.db.platform_url().expose())
         .await
@@ -313,7 +310,7 @@ async fn ten_thousand_acked_deliveries_that_all_landed_reconcile_to_zero_missing
         .map(|k| s.get(*k).map_or("?", String::as_str))
         .collect();
     assert_eq!(counts, ["10000", "10000", "0", "10", "clean"]);
-    conformance::note(
+    fixtures::note(
         "recovery",
         format_args!(
             "reconcile --dry-run over {N} ACKED deliveries: 0 missing in {:.2} s ({} s by its own count)",
@@ -344,7 +341,7 @@ async fn paced_load(
         tasks += ids.len();
         let task = &ids[rng.usize(..ids.len())];
         assert!(
-            conformance::load::send_late_version(&orbit, &client, &sub, task).await,
+            fixtures::load::send_late_version(&orbit, &client, &sub, task).await,
             "task {task} has deliveries"
         );
         late += 1;
@@ -392,7 +389,7 @@ async fn drained_ledger(
     admin: &mut MySqlConnection,
     sub: &str,
     what: &str,
-) -> conformance::Ledger {
+) -> fixtures::Ledger {
     wait_drained(
         platform,
         sub,
@@ -401,7 +398,7 @@ async fn drained_ledger(
     )
     .await;
     consumer.stop().await;
-    conformance::check_ledger_on(admin, platform, sub, what)
+    fixtures::check_ledger_on(admin, platform, sub, what)
         .await
         .unwrap_or_else(|e| panic!("{e}"))
 }
@@ -439,7 +436,7 @@ async fn restore_drill(server: Server, encrypted: bool) {
     };
     let server = Arc::new(server);
     let db = server.provision().await.expect("provisioned");
-    conformance::initialise(&db).await;
+    fixtures::initialise(&db).await;
     let orbit = Arc::new(OrbitDev::start(&["--enable-fault-api"]).await);
     let client = orbit.client();
     let sub = client.create_subscription(QUEUE, LOAD_TYPES).await.unwrap();
@@ -461,7 +458,7 @@ async fn restore_drill(server: Server, encrypted: bool) {
     let consumer = Consumer::normal(&env_on(&db.runtime_url()));
     let stop = Arc::new(AtomicBool::new(false));
     let load = tokio::spawn(paced_load(orbit.clone(), sub.id.clone(), stop.clone()));
-    conformance::eventually(Duration::from_secs(60), "60 deliveries ACKED before the backup", || {
+    fixtures::eventually(Duration::from_secs(60), "60 deliveries ACKED before the backup", || {
         let url = orbit.db.platform_url();
         let sub = sub_id.clone();
         async move {
@@ -634,7 +631,7 @@ async fn restore_drill(server: Server, encrypted: bool) {
         (s["deliveries"].clone(), s["missing"].clone()),
         (before.deliveries.to_string(), "0".to_owned())
     );
-    conformance::note(
+    fixtures::note(
         "recovery",
         format_args!(
             "{label}: {tasks} tasks and {late} late versions, {} deliveries of {} events ({} recorded stale); \
@@ -665,7 +662,7 @@ async fn a_backup_older_than_the_platforms_retention_recovers_what_it_still_list
 ) {
     let server = Server::local().expect("a local server");
     let db = server.provision().await.expect("provisioned");
-    conformance::initialise(&db).await;
+    fixtures::initialise(&db).await;
     let orbit = OrbitDev::start(&["--acked-retention-seconds", "6"]).await;
     let client = orbit.client();
     let sub = client
@@ -689,7 +686,7 @@ async fn a_backup_older_than_the_platforms_retention_recovers_what_it_still_list
         forgotten.insert(cancelled_task(&client).await);
     }
     all_acked(&client, &sub.id, Some(5), Duration::from_secs(30)).await;
-    conformance::eventually(
+    fixtures::eventually(
         Duration::from_secs(30),
         "the platform to forget the first 5 ACKED deliveries",
         || async { orbit.metric("orbit_acked_forgotten_total") == Some(5) },
@@ -745,7 +742,7 @@ async fn a_backup_older_than_the_platforms_retention_recovers_what_it_still_list
         "the restored views: the 4 recovered, none of the 5 forgotten"
     );
     assert!(views.is_disjoint(&forgotten));
-    conformance::note(
+    fixtures::note(
         "recovery",
         format_args!(
             "a backup older than the platform's retention: {} events recovered, {} ACKed before its horizon lost for good; reconcile said: {}",

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
-use conformance::docs::{marked_blocks, script};
+use fixtures::docs::{marked_blocks, script};
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -182,8 +182,8 @@ fn the_walkthrough_runs_from_the_release_package_on_a_clean_debian() {
     let image = std::env::var("WALKTHROUGH_IMAGE").expect("WALKTHROUGH_IMAGE names the image");
     #[allow(clippy::disallowed_methods)] // set by scripts/containers run
     let engine = std::env::var("DOCKER_HOST").expect("DOCKER_HOST names the engine");
-    let release = conformance::bins::dist_tarball("result-inbox-");
-    let kit = conformance::bins::dist_tarball("result-inbox-kit-");
+    let release = fixtures::bins::dist_tarball("result-inbox-");
+    let kit = fixtures::bins::dist_tarball("result-inbox-kit-");
     // The package matches its checksum, as a user would check it.
     let sums = read(&repo().join("target/dist/SHA256SUMS"));
     let name = release.file_name().unwrap().to_string_lossy().into_owned();
@@ -250,7 +250,7 @@ fn the_walkthrough_runs_from_the_release_package_on_a_clean_debian() {
     }
     // Nothing in what it printed is a secret: no token, and no password of the accounts.
     assert!(!stdout.contains("orb_"), "a token was printed:\n{stdout}");
-    conformance::note(
+    fixtures::note(
         "release",
         format_args!(
             "the walkthrough ran from the release package on a clean Debian container in {:.0} s",

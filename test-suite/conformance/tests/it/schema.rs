@@ -1,6 +1,6 @@
 //! The schema `receiver init` creates, read back from information_schema (R-SCHEMA).
 
-use conformance::ReceiverDb;
+use fixtures::ReceiverDb;
 use sqlx::{MySqlConnection, Row};
 
 fn has_cjk(s: &str) -> bool {

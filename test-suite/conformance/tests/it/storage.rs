@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use conformance::{EventSpec, ReceiverDb};
+use fixtures::{EventSpec, ReceiverDb};
 use result_inbox::{ApplyError, BusinessWrite, Outcome, QueueId, TaskEvent, TaskId};
 use result_inbox::{Conflict, Receipt, WriteFuture};
 use sqlx::{Connection, Executor, MySqlConnection, Row};
@@ -109,7 +109,7 @@ async fn an_older_version_is_recorded_but_never_overwrites() {
 async fn other_consumer_names_and_queues_are_independent() {
     let rdb = ReceiverDb::new().await;
     let main = rdb.store().await;
-    let other_name = rdb.store_for("audit-view", conformance::QUEUE).await;
+    let other_name = rdb.store_for("audit-view", fixtures::QUEUE).await;
     let event = EventSpec::cancelled("evt-s", "task-s", 1).event();
     assert_eq!(main.apply(&event).await.unwrap(), Outcome::Applied);
     assert_eq!(other_name.apply(&event).await.unwrap(), Outcome::Applied);
@@ -323,7 +323,7 @@ async fn competitor(rdb: &ReceiverDb, event: &TaskEvent) -> MySqlConnection {
          event_canonical, applied, received_at) VALUES (?, ?, ?, ?, ?, 0, UTC_TIMESTAMP(6))",
     )
     .bind("task-result-view")
-    .bind(conformance::QUEUE)
+    .bind(fixtures::QUEUE)
     .bind(event.id().as_str())
     .bind(&event.digest().0[..])
     .bind(event.canonical())
@@ -601,7 +601,7 @@ async fn states_results_and_timestamps_are_stored_exactly() {
 async fn exactly_512_kib_is_stored_and_one_byte_more_is_refused() {
     let rdb = ReceiverDb::new().await;
     let store = rdb.store().await;
-    let queue = QueueId::new(conformance::QUEUE).unwrap();
+    let queue = QueueId::new(fixtures::QUEUE).unwrap();
     let spec = EventSpec::succeeded("evt-big", "task-big", 1, "\"PAD\"");
     let base = spec.json();
     let pad = result_inbox::canonical::MAX_EVENT_BYTES - base.len() + 5;
@@ -674,7 +674,7 @@ async fn an_apply_past_its_time_budget_fails_without_committing() {
     let store = result_inbox::Store::connect(
         &rdb.runtime_dsn(),
         result_inbox::ConsumerName::default(),
-        QueueId::new(conformance::QUEUE).unwrap(),
+        QueueId::new(fixtures::QUEUE).unwrap(),
         result_inbox::StoreOptions::default()
             .max_connections(4)
             .apply_timeout(Duration::from_millis(300)),

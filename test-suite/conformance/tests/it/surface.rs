@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use conformance::{bare_command, files_under, workspace_bin, ReceiverDb};
+use fixtures::{bare_command, files_under, workspace_bin, ReceiverDb};
 
 /// Longer than any help takes; a program still running after it is doing something else.
 const PATIENCE: Duration = Duration::from_secs(20);
@@ -356,7 +356,7 @@ async fn every_failure_to_reach_a_server_is_one_line_naming_where_why_and_what_t
     // A platform over HTTPS whose certificate a CA of this run signed, which nothing trusts.
     let scratch = std::env::temp_dir().join(format!("surface-e-{}", std::process::id()));
     let pki = testdb::tls::Pki::generate(&scratch.join("pki")).unwrap();
-    let tls_orbit = conformance::OrbitDev::start_tls(ReceiverDb::provisioned().await, &pki, &[]);
+    let tls_orbit = fixtures::OrbitDev::start_tls(ReceiverDb::provisioned().await, &pki, &[]);
     let token = tls_orbit.credentials().token.expose().to_owned();
     let credentials = tls_orbit.credentials_file.display().to_string();
     let wrong_password = "not-the-password-q7";

@@ -10,8 +10,8 @@
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use conformance::process::Consumer;
-use conformance::{all_acked, bare_command, eventually, receiver_bin, OrbitDev, QUEUE};
+use fixtures::process::Consumer;
+use fixtures::{all_acked, bare_command, eventually, receiver_bin, OrbitDev, QUEUE};
 use sqlx::Connection;
 use testdb::{Provisioned, Server, TLS_NAMES};
 
@@ -170,7 +170,7 @@ async fn consume_refuses_an_untrusted_database_at_start_instead_of_waiting_for_i
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    let mut child = conformance::spawn(cmd);
+    let mut child = fixtures::spawn(cmd);
     let started = Instant::now();
     while child.try_wait().expect("wait").is_none() {
         if started.elapsed() > Duration::from_secs(15) {
@@ -216,7 +216,7 @@ async fn demo_and_consume_run_end_to_end_with_both_hops_on_tls() {
     let consumer = Consumer::normal(&env);
     let mut tasks = Vec::new();
     for _ in 0..20 {
-        tasks.push(conformance::cancelled_task(&client).await);
+        tasks.push(fixtures::cancelled_task(&client).await);
     }
     all_acked(&client, &sub.id, Some(20), Duration::from_secs(60)).await;
     let output = consumer.stop().await;
@@ -308,14 +308,14 @@ async fn a_platform_the_sdk_does_not_trust_is_one_line_naming_orbit_url() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_platform_message_past_the_largest_delivery_closes_the_stream_in_one_line() {
-    let (orbit, client, sub, env) = conformance::subscribed_receiver(
+    let (orbit, client, sub, env) = fixtures::subscribed_receiver(
         &["--enable-fault-api", "--lease-seconds", "2"],
         &["task.cancelled"],
     )
     .await;
     let consumer = Consumer::normal(&env);
     orbit.fault(serde_json::json!({"fault": "oversize-next-delivery"}));
-    let task = conformance::cancelled_task(&client).await;
+    let task = fixtures::cancelled_task(&client).await;
     let limit = format!("more than {} bytes", orbit_sdk::MAX_MESSAGE_BYTES);
     eventually(
         Duration::from_secs(20),
@@ -374,7 +374,7 @@ fn orbit_dev_refuses_a_certificate_it_cannot_load_in_one_line() {
             vec!["--tls-cert /nonexistent/cert.pem"],
         ),
     ] {
-        let out = Command::new(conformance::workspace_bin("orbit-dev"))
+        let out = Command::new(fixtures::workspace_bin("orbit-dev"))
             .arg("serve")
             .args(["--listen", "127.0.0.1:0"])
             .args(&args)

@@ -7,9 +7,9 @@ use std::time::{Duration, Instant};
 use commit_proxy::{Action, RuleSpec};
 use nix::sys::signal::Signal;
 
-use crate::kit::world::*;
-use crate::kit::*;
-use crate::{poll, QUEUE};
+use crate::world::*;
+use crate::*;
+use fixtures::{poll, QUEUE};
 
 pub(crate) async fn queue_mismatch(ctx: Ctx) -> Verdict {
     let mut w = World::start(&ctx, SHORT_LEASE).await;
@@ -89,7 +89,7 @@ pub(crate) async fn sigterm(ctx: Ctx) -> Verdict {
     )
     .await?;
     for _ in 0..4 {
-        crate::cancelled_task(&w.client).await;
+        fixtures::cancelled_task(&w.client).await;
     }
     let started = Instant::now();
     let _ = p.signal(Signal::SIGTERM);

@@ -10,12 +10,16 @@
 //! (and `PATH`, `HOME`). It judges from outside only: the platform's deliveries, the two
 //! tables, and the program's exit and output.
 //!
+//! What it must never do: judge a receiver by anything but the platform's state, the two
+//! tables and the program's exit and output; print a token, a password or a result body in a
+//! verdict; or mock the database or the platform (`fixtures` gives every world real ones).
+//!
 //! A case returns `Err` with a message that names the rule it proves; a panic inside the kit
 //! (a world that would not start) is reported as the kit's own error, not the receiver's.
 //!
 //! Here: the registry ([`cases`], [`MUTANTS`]) and the runner ([`Case::run`]); `world.rs` (one
 //! case's world and what the kit reads back from it); `cases/` (the cases, in groups). The
-//! receiver runs as a [`crate::process::Proc`], in a process group of its own.
+//! receiver runs as a [`fixtures::process::Proc`], in a process group of its own.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -81,29 +85,7 @@ impl Level {
     }
 }
 
-/// Every rule named in a failure's message (`R-STORE-7`, `R-CANON-2`), in order.
-pub fn rules_named(why: &str) -> impl Iterator<Item = &str> {
-    why.match_indices("R-").filter_map(|(at, _)| {
-        // A rule starts a word: not the tail of another token.
-        let starts_word = why[..at]
-            .chars()
-            .next_back()
-            .is_none_or(|c| !c.is_ascii_alphanumeric() && c != '-');
-        starts_word.then(|| rule_named(&why[at..])).flatten()
-    })
-}
-
-/// The rule a failure's message begins with (`R-STORE-7` of "R-STORE-7: …" or
-/// "R-CANON-2 (O4: …): …"), if any.
-pub fn rule_named(why: &str) -> Option<&str> {
-    let rest = why.strip_prefix("R-")?;
-    let letters = rest.find(|c: char| !c.is_ascii_uppercase())?;
-    let digits = rest[letters..].strip_prefix('-')?;
-    let n = digits
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(digits.len());
-    (letters > 0 && n > 0).then(|| &why[..2 + letters + 1 + n])
-}
+pub use fixtures::rules::{rule_named, rules_named};
 
 /// ACKs the platform refused in the worlds of the case running now (the kit runs one case at
 /// a time): counted as each world ends, from orbit-dev's `/metrics`.

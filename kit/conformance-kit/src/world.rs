@@ -12,8 +12,8 @@ use sqlx::{Connection, MySqlConnection};
 use testdb::{Provisioned, Server};
 
 use super::*;
-use crate::process::Proc;
-use crate::{poll, OrbitDev, QUEUE};
+use fixtures::process::Proc;
+use fixtures::{poll, OrbitDev, QUEUE};
 
 /// One case's world.
 pub(crate) struct World {
@@ -35,7 +35,7 @@ pub(crate) struct World {
     /// scan at the world's end looks for them too.
     pub(crate) extra_secrets: Vec<String>,
     /// Every `consume` this world started, to tell when one ended by itself.
-    pub(crate) consumers: Vec<crate::process::Watch>,
+    pub(crate) consumers: Vec<fixtures::process::Watch>,
     /// The receiver's databases on a server of the case's own, when it stops that server
     /// (the platform's stay on the shared one); dropped last, server after databases.
     pub(crate) own: Option<(Provisioned, Server)>,
@@ -113,7 +113,7 @@ impl World {
 
     /// A world whose platform also gets `platform` (orbit-dev serve's flags).
     pub(crate) async fn started(ctx: &Ctx, lease: u64, budget: u32, platform: &[&str]) -> World {
-        let db = crate::ReceiverDb::provisioned().await;
+        let db = fixtures::ReceiverDb::provisioned().await;
         Self::on(ctx, lease, budget, db, None, platform).await
     }
 
@@ -121,7 +121,7 @@ impl World {
     pub(crate) async fn with_own_server(ctx: &Ctx, lease: u64, budget: u32) -> World {
         let server = Server::local().expect("a local server of the case's own");
         let own = server.provision().await.expect("databases provisioned");
-        let db = crate::ReceiverDb::provisioned().await;
+        let db = fixtures::ReceiverDb::provisioned().await;
         Self::on(ctx, lease, budget, db, Some((own, server)), &[]).await
     }
 
@@ -388,7 +388,7 @@ impl World {
 
     /// Submits and cancels a task: one `task.cancelled` event at version 2. Task and event id.
     pub(crate) async fn cancelled_task(&self) -> (String, String) {
-        let task = crate::cancelled_task(&self.client).await;
+        let task = fixtures::cancelled_task(&self.client).await;
         let event = self.wait_event_of(&task, "task.cancelled").await;
         (task, event)
     }

@@ -1,5 +1,5 @@
 //! `conformance run --receiver CMD`: the conformance kit against any receiver program (see
-//! `conformance::kit` and the README's "Your own receiver").
+//! `fixtures::kit` and the README's "Your own receiver").
 //!
 //! Options: `--only CASE[,CASE…]`, `--seed N` (the crash loop's schedule; by default one from
 //! the clock, printed), `--junit FILE` (a JUnit XML report), `--json FILE` (a JSON report),
@@ -14,8 +14,8 @@ use std::fmt::Write as _;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use conformance::kit::report::{self, CaseResult, Expected};
-use conformance::kit::{cases, Ctx, Level};
+use conformance_kit::report::{self, CaseResult, Expected};
+use conformance_kit::{cases, Ctx, Level};
 
 const USAGE: &str = "usage: conformance run --receiver 'COMMAND LINE' [--only CASE[,CASE…]] [--seed N] [--junit FILE] [--json FILE] [--certificate FILE] [--expect FILE] [--strict] [--keep-logs DIR]\n       conformance mutants --receiver-mutant PATH [--runs N] [--only MUTANT[,MUTANT…]] [--seed N]\n       conformance list\n       conformance <command> --help";
 
@@ -107,7 +107,7 @@ fn only_of(v: &str, kind: &str, names: &[&str]) -> Result<Vec<String>, String> {
 }
 
 fn parse_mutants(args: &[String]) -> Result<MutantOptions, String> {
-    let names: Vec<&str> = conformance::kit::MUTANTS
+    let names: Vec<&str> = conformance_kit::MUTANTS
         .iter()
         .map(|m| m.0.name())
         .collect();
@@ -266,7 +266,7 @@ fn runtime() -> tokio::runtime::Runtime {
 /// Runs `case`, giving up after [`CASE_LIMIT`].
 fn run_case(
     runtime: &tokio::runtime::Runtime,
-    case: &conformance::kit::Case,
+    case: &conformance_kit::Case,
     ctx: Ctx,
 ) -> Result<String, String> {
     runtime.block_on(async {
@@ -286,9 +286,9 @@ struct Ran {
     name: &'static str,
     rules: &'static str,
     /// The failure's level (the rule's it names, never lower than the case's), or the case's.
-    level: conformance::kit::Level,
+    level: conformance_kit::Level,
     /// The case's own level.
-    case_level: conformance::kit::Level,
+    case_level: conformance_kit::Level,
     seconds: f64,
     verdict: Result<String, String>,
     /// The expectations file's reason, when it says this case fails.
@@ -333,7 +333,7 @@ fn junit(ran: &[Ran], o: &Options, replay: &str, seconds: f64) -> String {
         s,
         "<testsuite name=\"result-inbox conformance kit {} (contract {})\" tests=\"{}\" failures=\"{failures}\" errors=\"0\" time=\"{seconds:.1}\">",
         env!("CARGO_PKG_VERSION"),
-        conformance::kit::CONTRACT_VERSION,
+        conformance_kit::CONTRACT_VERSION,
         ran.len()
     );
     let _ = writeln!(
@@ -481,7 +481,7 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     }
-    conformance::kit::quiet_panics();
+    conformance_kit::quiet_panics();
     let runtime = runtime();
     let replay = format!(
         "conformance run --receiver {} --seed {}{}",
@@ -509,7 +509,7 @@ fn main() -> ExitCode {
     println!(
         "conformance {} (contract {}): {} case(s) against {}; seed {}; databases on {server}",
         env!("CARGO_PKG_VERSION"),
-        conformance::kit::CONTRACT_VERSION,
+        conformance_kit::CONTRACT_VERSION,
         selected.len(),
         shell_quote(&o.receiver),
         o.seed
@@ -680,13 +680,13 @@ fn mutants(o: &MutantOptions) -> ExitCode {
         eprintln!("conformance: {bin} is missing: `make mutant-build` builds it");
         return ExitCode::from(2);
     }
-    conformance::kit::quiet_panics();
+    conformance_kit::quiet_panics();
     let runtime = runtime();
     let all = cases();
     let started = Instant::now();
     let mut missed = 0;
     let mut rows = Vec::new();
-    let selected = conformance::kit::MUTANTS.iter().filter(|(m, _, _)| {
+    let selected = conformance_kit::MUTANTS.iter().filter(|(m, _, _)| {
         o.only
             .as_ref()
             .is_none_or(|only| only.iter().any(|n| n == m.name()))
@@ -785,8 +785,8 @@ mod tests {
             Ran {
                 name: "first-receipt",
                 rules: "R-STORE-7",
-                level: conformance::kit::Level::Must,
-                case_level: conformance::kit::Level::Must,
+                level: conformance_kit::Level::Must,
+                case_level: conformance_kit::Level::Must,
                 seconds: 0.5,
                 verdict: Ok("ACKed & <fine>".into()),
                 expected: None,
@@ -794,8 +794,8 @@ mod tests {
             Ran {
                 name: "stale-version",
                 rules: "R-STORE-6",
-                level: conformance::kit::Level::Must,
-                case_level: conformance::kit::Level::Must,
+                level: conformance_kit::Level::Must,
+                case_level: conformance_kit::Level::Must,
                 seconds: 1.0,
                 verdict: Err("R-STORE-6: \"v1\" moved the view\nsecond line\u{1}".into()),
                 expected: None,
@@ -915,14 +915,14 @@ mod tests {
     #[test]
     fn every_mutant_is_aimed_at_a_case_that_names_its_rule() {
         let all = cases();
-        let aimed: Vec<conformance::kit::Mutant> =
-            conformance::kit::MUTANTS.iter().map(|m| m.0).collect();
+        let aimed: Vec<conformance_kit::Mutant> =
+            conformance_kit::MUTANTS.iter().map(|m| m.0).collect();
         assert_eq!(
             aimed,
-            conformance::kit::Mutant::ALL,
+            conformance_kit::Mutant::ALL,
             "every mutant once, in order"
         );
-        for (mutant, case, rule) in conformance::kit::MUTANTS {
+        for (mutant, case, rule) in conformance_kit::MUTANTS {
             let c = all
                 .iter()
                 .find(|c| c.name == *case)

@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use orbit_sdk::DeliveryId;
 
-use crate::kit::world::*;
-use crate::kit::*;
-use crate::QUEUE;
+use crate::world::*;
+use crate::*;
+use fixtures::QUEUE;
 
 /// Where the contract says what each decision writes.
 const DECISIONS: &str = "docs/receiver-contract.md, \"The apply, decision by decision\"";
@@ -347,7 +347,7 @@ pub(crate) async fn scopes(ctx: Ctx) -> Verdict {
     // Its deliveries are read with the other queue's credential.
     for id in &e3.1 {
         let acked = w
-            .or_ended(crate::poll(
+            .or_ended(fixtures::poll(
                 Duration::from_secs(30),
                 Duration::from_millis(50),
                 || async {

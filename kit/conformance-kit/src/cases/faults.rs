@@ -6,9 +6,9 @@ use std::time::Duration;
 use commit_proxy::{Action, On, RuleSpec};
 use orbit_sdk::DeliveryId;
 
-use crate::kit::world::*;
-use crate::kit::*;
-use crate::{poll, QUEUE};
+use crate::world::*;
+use crate::*;
+use fixtures::{poll, QUEUE};
 
 pub(crate) async fn kill_after_commit(ctx: Ctx) -> Verdict {
     // R-FAULT-4 names the real lease.
@@ -246,7 +246,7 @@ async fn through_outage(ctx: Ctx, outage: Outage) -> Verdict {
     outage.begin(&w).await?;
     let mut tasks = vec![first];
     for _ in 0..6 {
-        tasks.push(crate::cancelled_task(&w.client).await);
+        tasks.push(fixtures::cancelled_task(&w.client).await);
     }
     tokio::time::sleep(OUTAGE).await;
     outage.end(&w).await;
@@ -317,11 +317,11 @@ async fn through_outage(ctx: Ctx, outage: Outage) -> Verdict {
     ))
 }
 
-/// The ledger of [`crate::check_ledger`], its failure naming `rule` and the first event ids
+/// The ledger of [`fixtures::check_ledger`], its failure naming `rule` and the first event ids
 /// found wrong.
-async fn ledger(w: &World, tasks: &[String], rule: &str) -> Result<crate::Ledger, String> {
+async fn ledger(w: &World, tasks: &[String], rule: &str) -> Result<fixtures::Ledger, String> {
     let mut admin = w.admin().await;
-    crate::check_ledger(&mut admin, &w.client, &w.sub, tasks, rule).await
+    fixtures::check_ledger(&mut admin, &w.client, &w.sub, tasks, rule).await
 }
 
 pub(crate) async fn crash_loop(ctx: Ctx) -> Verdict {
@@ -394,7 +394,7 @@ pub(crate) async fn every_ack_after_commit(ctx: Ctx) -> Verdict {
         .expect("the rule arms");
     let _p = w.running().await?;
     for _ in 0..EVERY_ACK_EVENTS {
-        crate::cancelled_task(&w.client).await;
+        fixtures::cancelled_task(&w.client).await;
     }
     let ids: Vec<DeliveryId> = w.deliveries().await.into_iter().map(|d| d.id).collect();
     w.acked(&ids, Duration::from_secs(60), "R-STORE-7").await?;

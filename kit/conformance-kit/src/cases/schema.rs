@@ -5,9 +5,9 @@ use std::time::Duration;
 
 use orbit_sdk::DeliveryId;
 
-use crate::kit::world::*;
-use crate::kit::*;
-use crate::QUEUE;
+use crate::world::*;
+use crate::*;
+use fixtures::QUEUE;
 
 /// Where the contract says what this case checks.
 const SCHEMA: &str = "docs/receiver-contract.md, \"The schema the kit checks\"";

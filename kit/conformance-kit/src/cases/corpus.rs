@@ -9,13 +9,13 @@ use fastrand::Rng;
 use orbit_sdk::DeliveryId;
 use result_inbox::Digest;
 
-use crate::kit::forms::{self, Value};
-use crate::kit::world::*;
-use crate::kit::*;
-use crate::QUEUE;
+use crate::forms::{self, Value};
+use crate::world::*;
+use crate::*;
+use fixtures::QUEUE;
 
 /// The published vectors, as the form's own tests read them.
-const VECTORS: &str = include_str!("../../../../../docs/canonical-v1.json");
+const VECTORS: &str = include_str!("../../../../docs/canonical-v1.json");
 /// Events drawn per run, besides the vectors'.
 const DRAWN: usize = 240;
 

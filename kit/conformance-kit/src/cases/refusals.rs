@@ -3,9 +3,9 @@
 
 use std::time::Duration;
 
-use crate::kit::world::*;
-use crate::kit::*;
-use crate::{poll, QUEUE};
+use crate::world::*;
+use crate::*;
+use fixtures::{poll, QUEUE};
 
 /// The budget and lease of `refused-event`: the poison delivery is EXPIRED within seconds.
 const POISON_BUDGET: u32 = 2;

@@ -6,9 +6,9 @@ use std::time::Duration;
 use commit_proxy::{Action, RuleSpec};
 use orbit_sdk::DeliveryId;
 
-use crate::kit::world::*;
-use crate::kit::*;
-use crate::QUEUE;
+use crate::world::*;
+use crate::*;
+use fixtures::QUEUE;
 
 /// Events of each kind in the burst, and good ones after it.
 const REFUSED: usize = 4;
@@ -183,7 +183,7 @@ pub(crate) async fn skewed_clock(ctx: Ctx) -> Verdict {
         }
         // Until every delivery is ACKED, or one needed a second attempt.
         let ended = w
-            .or_ended(crate::poll(
+            .or_ended(fixtures::poll(
                 Duration::from_secs(30),
                 Duration::from_millis(100),
                 || async {

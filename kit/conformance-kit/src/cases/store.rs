@@ -8,9 +8,9 @@ use orbit_sdk::DeliveryId;
 use result_inbox::Digest;
 use serde_json::value::RawValue;
 
-use crate::kit::world::*;
-use crate::kit::*;
-use crate::{poll, QUEUE};
+use crate::world::*;
+use crate::*;
+use fixtures::{poll, QUEUE};
 
 /// Where the contract says what each decision writes.
 const DECISIONS: &str = "docs/receiver-contract.md, \"The apply, decision by decision\"";
