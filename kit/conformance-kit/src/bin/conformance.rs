@@ -106,54 +106,138 @@ fn only_of(v: &str, kind: &str, names: &[&str]) -> Result<Vec<String>, String> {
     Ok(list)
 }
 
-fn parse_mutants(args: &[String]) -> Result<MutantOptions, String> {
-    let names: Vec<&str> = conformance_kit::MUTANTS
-        .iter()
-        .map(|m| m.0.name())
-        .collect();
-    let (mut bin, mut runs, mut only, mut seed) = (None, 1, None, None);
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        let mut value = |what: &str| {
-            it.next()
-                .cloned()
-                .filter(|v| !v.is_empty())
-                .ok_or(format!("{a} needs {what}"))
-        };
-        match a.as_str() {
-            "--receiver-mutant" => bin = Some(value("a path")?),
-            "--runs" => {
-                let v = value("a number")?;
-                runs = v
-                    .parse()
-                    .ok()
-                    .filter(|n| (1..=1000).contains(n))
-                    .ok_or(format!("--runs {v:?} is not a number from 1 to 1000"))?;
-            }
-            "--seed" => seed = Some(seed_of(&value("a number")?)?),
-            "--only" => only = Some(only_of(&value("MUTANT[,MUTANT…]")?, "mutant", &names)?),
-            other => {
-                return Err(format!(
-                    "mutants: unknown argument `{other}` (`conformance mutants --help`)"
-                ))
-            }
-        }
-    }
-    Ok(MutantOptions {
-        bin: bin.ok_or(
-            "mutants: --receiver-mutant is required: the path of the mutant build (`make mutant-build`) (`conformance mutants --help`)",
-        )?,
-        runs,
-        only,
-        seed: seed.unwrap_or_else(clock_seed),
-    })
-}
-
 /// A seed from the clock, when none is given.
 fn clock_seed() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(1, |d| d.as_nanos() as u64)
+}
+
+/// The command line's structure; clap reads it, and the words of every help and error are the
+/// kit's own ([`USAGE`], [`refused`]).
+#[derive(clap::Parser)]
+#[command(
+    name = "conformance",
+    disable_help_flag = true,
+    disable_version_flag = true,
+    disable_help_subcommand = true
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(clap::Subcommand)]
+enum Command {
+    Run(RunArgs),
+    Mutants(MutantArgs),
+    List,
+}
+
+#[derive(clap::Args)]
+struct RunArgs {
+    #[arg(long, allow_hyphen_values = true)]
+    receiver: Option<String>,
+    #[arg(long, allow_hyphen_values = true)]
+    only: Option<String>,
+    #[arg(long, allow_hyphen_values = true)]
+    seed: Option<String>,
+    #[arg(long, allow_hyphen_values = true)]
+    junit: Option<String>,
+    #[arg(long, allow_hyphen_values = true)]
+    json: Option<String>,
+    #[arg(long, allow_hyphen_values = true)]
+    certificate: Option<String>,
+    #[arg(long, allow_hyphen_values = true)]
+    expect: Option<String>,
+    #[arg(long)]
+    strict: bool,
+    #[arg(long, allow_hyphen_values = true)]
+    keep_logs: Option<String>,
+}
+
+#[derive(clap::Args)]
+struct MutantArgs {
+    #[arg(long, allow_hyphen_values = true)]
+    receiver_mutant: Option<String>,
+    #[arg(long, allow_hyphen_values = true)]
+    runs: Option<String>,
+    #[arg(long, allow_hyphen_values = true)]
+    only: Option<String>,
+    #[arg(long, allow_hyphen_values = true)]
+    seed: Option<String>,
+}
+
+/// What each flag's value is, for the line that says it is missing.
+const VALUES: &[(&str, &str)] = &[
+    ("--receiver", "a command line"),
+    ("--only", "CASE[,CASE…]"),
+    ("--seed", "a number"),
+    ("--junit", "a file"),
+    ("--json", "a file"),
+    ("--certificate", "a file"),
+    ("--expect", "a file"),
+    ("--keep-logs", "a directory"),
+    ("--receiver-mutant", "a path"),
+    ("--runs", "a number"),
+];
+
+/// `flag`'s value in `command`, which must not be empty.
+fn given(command: &str, flag: &str, value: Option<String>) -> Result<Option<String>, String> {
+    match value {
+        Some(v) if v.is_empty() => Err(needs(command, flag)),
+        v => Ok(v),
+    }
+}
+
+/// The line for a flag of `command` given without its value.
+fn needs(command: &str, flag: &str) -> String {
+    let what = match (command, flag) {
+        ("mutants", "--only") => "MUTANT[,MUTANT…]",
+        _ => VALUES
+            .iter()
+            .find(|(f, _)| *f == flag)
+            .map_or("a value", |(_, w)| w),
+    };
+    format!("{flag} needs {what}")
+}
+
+/// The kit's own line for what clap refused in `command` (`None`: before any command).
+fn refused(command: Option<&str>, e: &clap::Error) -> String {
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
+    let context = |kind| match e.get(kind) {
+        Some(ContextValue::String(s)) => s.clone(),
+        Some(ContextValue::Strings(s)) => s.first().cloned().unwrap_or_default(),
+        _ => String::new(),
+    };
+    // `--seed <SEED>` names the flag; the flag is what a person typed.
+    let flag = context(ContextKind::InvalidArg)
+        .split_whitespace()
+        .next()
+        .unwrap_or("")
+        .to_owned();
+    match (e.kind(), command) {
+        (ErrorKind::InvalidSubcommand, _) => about::unknown_command(
+            "conformance",
+            &context(ContextKind::InvalidSubcommand),
+            COMMANDS,
+        ),
+        (ErrorKind::UnknownArgument, None) => {
+            about::unknown_command("conformance", &flag, COMMANDS)
+        }
+        (ErrorKind::UnknownArgument, Some("list")) => {
+            format!("list: unexpected argument `{flag}` (`conformance list --help`)")
+        }
+        (ErrorKind::UnknownArgument, Some(c)) => {
+            format!("{c}: unknown argument `{flag}` (`conformance {c} --help`)")
+        }
+        (ErrorKind::InvalidValue | ErrorKind::NoEquals, c) => needs(c.unwrap_or(""), &flag),
+        (_, c) => format!(
+            "{}the command line could not be read (`conformance {}--help`)",
+            c.map(|c| format!("{c}: ")).unwrap_or_default(),
+            c.map(|c| format!("{c} ")).unwrap_or_default()
+        ),
+    }
 }
 
 fn parse(args: &[String]) -> Result<Asked, String> {
@@ -171,13 +255,21 @@ fn parse(args: &[String]) -> Result<Asked, String> {
     if about::answered("conformance", args, COMMANDS, help) {
         return Ok(Asked::Nothing);
     }
-    match args.first().map(String::as_str) {
-        Some("list") | Some("--list") => {
-            if let Some(extra) = args.get(1) {
-                return Err(format!(
-                    "list: unexpected argument `{extra}` (`conformance list --help`)"
-                ));
-            }
+    let command = about::command_named(args, &["run", "mutants", "list", "--list"]);
+    // `--list` is the old spelling of `list`.
+    let command = command.map(|c| if c == "--list" { "list" } else { c });
+    let words = args.iter().enumerate().map(|(i, a)| match (i, a.as_str()) {
+        (0, "--list") => "list",
+        (_, a) => a,
+    });
+    let cli = <Cli as clap::Parser>::try_parse_from(std::iter::once("conformance").chain(words))
+        .map_err(|e| refused(command, &e))?;
+    match cli.command {
+        None => Err(format!(
+            "no command given; the commands are {} (`conformance --help`)",
+            COMMANDS.join(", ")
+        )),
+        Some(Command::List) => {
             for c in cases() {
                 println!(
                     "{:<24} {:<7} {:<32} {}",
@@ -187,73 +279,78 @@ fn parse(args: &[String]) -> Result<Asked, String> {
                     c.what
                 );
             }
-            return Ok(Asked::Nothing);
+            Ok(Asked::Nothing)
         }
-        Some("run") => {}
-        Some("mutants") => return parse_mutants(&args[1..]).map(Asked::Mutants),
-        Some(other) => return Err(about::unknown_command("conformance", other, COMMANDS)),
-        None => {
-            return Err(format!(
-                "no command given; the commands are {} (`conformance --help`)",
-                COMMANDS.join(", ")
-            ))
-        }
+        Some(Command::Mutants(m)) => mutant_options(m).map(Asked::Mutants),
+        Some(Command::Run(r)) => run_options(r, &names).map(Asked::Run),
     }
-    let mut receiver = None;
-    let mut only = None;
-    let mut junit = None;
-    let mut json = None;
-    let mut certificate = None;
-    let mut expect = Vec::new();
-    let mut strict = false;
-    let mut seed = None;
-    let mut keep_logs = std::path::PathBuf::from(DEFAULT_KEEP_LOGS);
-    let mut it = args[1..].iter();
-    while let Some(a) = it.next() {
-        let mut value = |what: &str| {
-            it.next()
-                .cloned()
-                .filter(|v| !v.is_empty())
-                .ok_or(format!("{a} needs {what}"))
-        };
-        match a.as_str() {
-            "--receiver" => receiver = Some(value("a command line")?),
-            "--only" => only = Some(only_of(&value("CASE[,CASE…]")?, "case", &names)?),
-            "--seed" => seed = Some(seed_of(&value("a number")?)?),
-            "--junit" => junit = Some(value("a file")?.into()),
-            "--json" => json = Some(value("a file")?.into()),
-            "--certificate" => certificate = Some(value("a file")?.into()),
-            "--expect" => {
-                let file = value("a file")?;
-                let text =
-                    std::fs::read_to_string(&file).map_err(|e| format!("--expect {file}: {e}"))?;
-                expect = report::parse_expectations(&text, &names)
-                    .map_err(|e| format!("--expect {file}: {e}"))?;
-            }
-            "--strict" => strict = true,
-            "--keep-logs" => keep_logs = value("a directory")?.into(),
-            other => {
-                return Err(format!(
-                    "run: unknown argument `{other}` (`conformance run --help`)"
-                ))
-            }
+}
+
+fn run_options(r: RunArgs, names: &[&str]) -> Result<Options, String> {
+    let receiver = given("run", "--receiver", r.receiver)?;
+    let only = given("run", "--only", r.only)?
+        .map(|v| only_of(&v, "case", names))
+        .transpose()?;
+    let seed = given("run", "--seed", r.seed)?
+        .map(|v| seed_of(&v))
+        .transpose()?;
+    let junit = given("run", "--junit", r.junit)?.map(Into::into);
+    let json = given("run", "--json", r.json)?.map(Into::into);
+    let certificate = given("run", "--certificate", r.certificate)?.map(Into::into);
+    let expect = match given("run", "--expect", r.expect)? {
+        Some(file) => {
+            let text =
+                std::fs::read_to_string(&file).map_err(|e| format!("--expect {file}: {e}"))?;
+            report::parse_expectations(&text, names).map_err(|e| format!("--expect {file}: {e}"))?
         }
-    }
+        None => Vec::new(),
+    };
+    let keep_logs = given("run", "--keep-logs", r.keep_logs)?
+        .map_or_else(|| std::path::PathBuf::from(DEFAULT_KEEP_LOGS), Into::into);
     let receiver = receiver.ok_or(
         "run: --receiver is required: the command line that starts your receiver, e.g. --receiver 'python3 receiver.py' (`conformance run --help`)",
     )?;
-    let seed = seed.unwrap_or_else(clock_seed);
-    Ok(Asked::Run(Options {
+    Ok(Options {
         receiver,
         only,
-        seed,
+        seed: seed.unwrap_or_else(clock_seed),
         junit,
         json,
         certificate,
         expect,
-        strict,
+        strict: r.strict,
         keep_logs,
-    }))
+    })
+}
+
+fn mutant_options(m: MutantArgs) -> Result<MutantOptions, String> {
+    let names: Vec<&str> = conformance_kit::MUTANTS
+        .iter()
+        .map(|m| m.0.name())
+        .collect();
+    let bin = given("mutants", "--receiver-mutant", m.receiver_mutant)?;
+    let runs = match given("mutants", "--runs", m.runs)? {
+        Some(v) => v
+            .parse()
+            .ok()
+            .filter(|n| (1..=1000).contains(n))
+            .ok_or(format!("--runs {v:?} is not a number from 1 to 1000"))?,
+        None => 1,
+    };
+    let only = given("mutants", "--only", m.only)?
+        .map(|v| only_of(&v, "mutant", &names))
+        .transpose()?;
+    let seed = given("mutants", "--seed", m.seed)?
+        .map(|v| seed_of(&v))
+        .transpose()?;
+    Ok(MutantOptions {
+        bin: bin.ok_or(
+            "mutants: --receiver-mutant is required: the path of the mutant build (`make mutant-build`) (`conformance mutants --help`)",
+        )?,
+        runs,
+        only,
+        seed: seed.unwrap_or_else(clock_seed),
+    })
 }
 
 fn runtime() -> tokio::runtime::Runtime {

@@ -172,39 +172,59 @@ struct Options {
     extra: Vec<String>,
 }
 
-fn parse_args() -> Result<Options, String> {
-    let mut o = Options {
-        jobs: 3,
-        only: None,
-        containers: false,
-        extra: Vec::new(),
+/// The command line's structure; clap reads it, and the words of every help and error are the
+/// runner's own ([`USAGE`], [`refused`]).
+#[derive(clap::Parser)]
+#[command(
+    name = "integration",
+    disable_help_flag = true,
+    disable_version_flag = true
+)]
+struct Cli {
+    #[arg(long, allow_hyphen_values = true)]
+    jobs: Option<String>,
+    #[arg(long, allow_hyphen_values = true)]
+    only: Option<String>,
+    #[arg(long)]
+    containers: bool,
+    /// What follows `--`: the test processes' own arguments.
+    #[arg(last = true, allow_hyphen_values = true)]
+    extra: Vec<String>,
+}
+
+const JOBS_NEEDED: &str = "--jobs needs a number of 1 or more";
+const ONLY_NEEDED: &str = "--only needs SUITE[,SUITE…]";
+
+/// The runner's own line for what clap refused.
+fn refused(e: &clap::Error) -> String {
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
+    let flag = match e.get(ContextKind::InvalidArg) {
+        Some(ContextValue::String(s)) => s.split_whitespace().next().unwrap_or("").to_owned(),
+        _ => String::new(),
     };
-    let mut args = std::env::args().skip(1);
-    while let Some(a) = args.next() {
-        match a.as_str() {
-            "--jobs" => {
-                o.jobs = args
-                    .next()
-                    .and_then(|n| n.parse().ok())
-                    .filter(|n| *n > 0)
-                    .ok_or("--jobs needs a number of 1 or more")?;
-            }
-            "--only" => {
-                let list = args.next().ok_or("--only needs SUITE[,SUITE…]")?;
-                o.only = Some(list.split(',').map(str::to_owned).collect());
-            }
-            "--containers" => o.containers = true,
-            "--" => {
-                o.extra = args.by_ref().collect();
-            }
-            other => {
-                return Err(format!(
-                    "unknown argument `{other}`; the flags are --jobs, --only, --containers and -- (`integration --help`)"
-                ))
-            }
-        }
+    match (e.kind(), flag.as_str()) {
+        (ErrorKind::InvalidValue | ErrorKind::NoEquals, "--jobs") => JOBS_NEEDED.into(),
+        (ErrorKind::InvalidValue | ErrorKind::NoEquals, "--only") => ONLY_NEEDED.into(),
+        (_, given) => format!(
+            "unknown argument `{given}`; the flags are --jobs, --only, --containers and -- (`integration --help`)"
+        ),
     }
-    Ok(o)
+}
+
+fn parse_args() -> Result<Options, String> {
+    let cli = <Cli as clap::Parser>::try_parse_from(std::env::args()).map_err(|e| refused(&e))?;
+    let jobs = match cli.jobs {
+        Some(n) => n.parse().ok().filter(|n| *n > 0).ok_or(JOBS_NEEDED)?,
+        None => 3,
+    };
+    Ok(Options {
+        jobs,
+        only: cli
+            .only
+            .map(|list| list.split(',').map(str::to_owned).collect()),
+        containers: cli.containers,
+        extra: cli.extra,
+    })
 }
 
 /// The `it` test binary, built if needed, via cargo's JSON messages; with the container
