@@ -125,6 +125,7 @@ type CaseFuture = Pin<Box<dyn Future<Output = Verdict> + Send>>;
 
 /// One case of the kit.
 pub struct Case {
+    pub id: CaseId,
     pub name: &'static str,
     /// The requirements it proves (`docs/requirements.md`).
     pub rules: &'static str,
@@ -142,61 +143,71 @@ pub struct Ctx {
     pub logs: Option<std::path::PathBuf>,
 }
 
-macro_rules! case {
-    ($name:literal, $level:ident, $rules:literal, $what:literal, $f:ident) => {
-        Case {
-            name: $name,
-            rules: $rules,
-            level: Level::$level,
-            what: $what,
-            run: |ctx| Box::pin($f(ctx)),
+/// Defines [`CaseId`] and [`cases`] from one list, so that a case's identity and its entry
+/// cannot drift apart.
+macro_rules! registry {
+    ($($id:ident => ($name:literal, $level:ident, $rules:literal, $what:literal, $f:ident),)*) => {
+        /// A case's identity: code that names a case (the mutants' aims) names one of these, so
+        /// a misspelt or removed case is a compile error.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        pub enum CaseId {
+            $($id,)*
+        }
+
+        /// Every case, in the order the kit runs them.
+        pub fn cases() -> Vec<Case> {
+            vec![$(Case {
+                id: CaseId::$id,
+                name: $name,
+                rules: $rules,
+                level: Level::$level,
+                what: $what,
+                run: |ctx| Box::pin($f(ctx)),
+            },)*]
         }
     };
 }
 
-/// Every case, in the order the kit runs them.
-pub fn cases() -> Vec<Case> {
-    vec![
-        case!("schema", Must, "R-SCHEMA-1 R-SCHEMA-5 R-SCHEMA-7", "init makes 2 tables, 17 commented columns, no foreign key, byte-compared identity columns; a second init is refused", schema),
-        case!("names-by-bytes", Should, "R-SCHEMA-7 R-STORE-4", "two consumer names that differ only in case, on one database: each records the event and keeps a view of its own", names_by_bytes),
-        case!("first-receipt", Must, "R-STORE-5 R-STORE-7 R-CANON-2", "one event: ACKed at its first attempt, one inbox row with the canonical form and its SHA-256, the view at its version", first_receipt),
-        case!("ack-after-commit", Must, "R-STORE-7", "the answer to COMMIT held 1.5 s by the proxy: while the row is committed and the answer is on its way, the delivery is not ACKed", ack_after_commit),
-        case!("every-ack-after-commit", Must, "R-STORE-7", "every COMMIT held 300 ms by the proxy before the server sees it, 12 events: no delivery ACKed sooner after its row's INSERT", every_ack_after_commit),
-        case!("cut-between-statements", Must, "R-STORE-7", "the receiver's connection cut at its first statement on the view, then at its first COMMIT: after each redelivery the inbox row and the view agree", cut_between_statements),
-        case!("duplicate", Must, "R-STORE-4", "the same event delivered again: ACKed, still one inbox row, the view advanced once", duplicate),
-        case!("stale-version", Must, "R-STORE-6", "an older version arriving late, of another type with a result: ACKed and kept as history, every column of the view row unchanged", stale_version),
-        case!("version-order", Must, "R-STORE-6", "versions whose text order is not their order (9 and 10, 99 and 100) and versions around 2^53 and 2^63 up to 2^64-1, each pair in both arrival orders: every view at the higher", version_order),
-        case!("duplicate-originals", Must, "R-STORE-4 R-STORE-12", "duplicates and same-id conflicts of an applied original, one recorded stale, and one recorded again after a prune: duplicates ACKed, conflicts never, records and views unchanged", duplicate_originals),
-        case!("pruned-redelivery", Should, "R-STORE-12", "an applied event's inbox row deleted as a prune would, then the event delivered again: ACKed, the view and applied_events unmoved", pruned_redelivery),
-        case!("concurrent-versions", Must, "R-STORE-6 R-STORE-4", "every statement on the view answered 200 ms late, so that overlapping applies of one task overlap across read and write: 8 views meeting v5, v4, v3 at once, 8 new tasks whose first three versions come at once, 8 first events delivered twice at once: every view at the highest, each event applied once", concurrent_versions),
-        case!("same-id-other-content", Must, "R-STORE-2 R-STORE-4", "an event with an applied event's id and other content: never ACKed, the stored record unchanged", same_id_other_content),
-        case!("same-version-other-id", Must, "R-STORE-6", "another event id for a version already applied: never ACKed, rolled back (no inbox row)", same_version_other_id),
-        case!("canonical-corpus", Must, "R-CANON-2 R-STORE-5", "every valid event of the published vectors and 240 drawn from the seed (non-ASCII, escapes, '/', control characters, UTF-16 name order, number forms, occurred_at offsets), sent byte for byte: each stored event, digest and view result is the form's", canonical_corpus),
-        case!("needs-review", Must, "R-CANON-1", "NEEDS_REVIEW stays NEEDS_REVIEW in the view", needs_review),
-        case!("exact-numbers", Must, "R-SCHEMA-4 R-CANON-2", "big integers and decimal text in a result kept byte for byte", exact_numbers),
-        case!("large-results", Must, "R-SCHEMA-4", "results of 70,000, 200,000 and 520,000 bytes with multi-byte characters at both ends and across byte 65,535: stored and viewed byte for byte", large_results),
-        case!("scopes", Must, "R-SCHEMA-3 R-SCHEMA-2", "two consumer names on one queue and one name on two queues, one database, one task id: each view moved only by its own consumer's events of its own queue", scopes),
-        case!("utc", Must, "R-SCHEMA-6", "times stored in UTC while the server's time zone is +09:00", utc),
-        case!("queue-mismatch", Must, "R-CLI-3", "a subscription on another queue than the configured one: consume refuses to start and takes nothing", queue_mismatch),
-        case!("kill-after-commit", Must, "R-FAULT-4", "SIGKILL after COMMIT and before the ACK landed: after the real 30 s lease the redelivery is a duplicate (attempts 2, applied_events 1)", kill_after_commit),
-        case!("commit-lost", Must, "R-STORE-7 R-STORE-8 R-FAULT-3", "the server's OK to COMMIT dropped by the proxy: no ACK at that attempt, then resolved as a duplicate", commit_lost),
-        case!("refused-event", Must, "R-CANON-3 R-STORE-1 R-CLI-4", "an event the canonical form refuses (a member named twice): never ACKed, EXPIRED once its budget of 2 is spent, no inbox row, its id in the output", refused_event),
-        case!("malformed-events", Must, "R-CANON-3 R-STORE-1 R-CLI-4", "21 events, each one change from a good one: every refusal of the event around the form the platform can carry (task versions 1.0, 1e0, 2E+1, -1, 0, 2^64 and \"1\" among them), a bad timestamp, a lone surrogate, a member named twice: each refused until EXPIRED, no inbox row, each printable id in the output", malformed_events),
-        case!("foreign-events", Must, "R-CANON-1", "on this subscription, an event naming another queue and one of an unknown type: each refused until its budget of 2 is spent, no inbox row, the view unchanged", foreign_events),
-        case!("lost-ack-reply", Must, "R-SDK-2", "the answer to an ACK lost (the stream closed after it was recorded): the ACK sent again with the same proof is already_acked, one attempt", lost_ack_reply),
-        case!("after-failures", Must, "R-CLI-6 R-STORE-8", "a burst of failing deliveries (4 refused, 2 conflicts, a COMMIT whose answer is lost, one held 8 s past the apply's budget), then 20 good ones: every good one ACKed within 30 s, the two COMMITs resolved", after_failures),
-        case!("abandoned-commit", Must, "R-CLI-6", "the first COMMIT held 20 s on its way to the server by the proxy, past the apply's budget, its transaction open: the redelivery applies or resolves within its own lease (ACKED by attempt 2), not behind the abandoned transaction's locks", abandoned_commit),
-        case!("long-outage", Must, "R-CLI-6", "the receiver's database down 20 s, longer than a probe that gives up would wait, events sent during and after: every one ACKed within 20 s of the restart", long_outage),
-        case!("credit-bound", Must, "R-E2E-3 R-SDK-2", "a backlog of 40 events, every COMMIT answered 300 ms late: never more than 8 deliveries held at once on the stream (the default concurrency 4, and at most as many waiting), counted by the platform", credit_bound),
-        case!("database-restart", Should, "R-STORE-9", "the receiver's database killed for 12 s while events queue, a budget of 3: nothing lost, nothing doubled, no delivery past the 2 attempts a hold allows", database_restart),
-        case!("skewed-clock", Should, "R-STORE-9", "the platform's clock 60 s ahead of the receiver's, then 60 s behind (orbit-dev --clock-offset-seconds), 3 s leases: every delivery ACKed at its first attempt", skewed_clock),
-        case!("read-only", Should, "R-DIST-4", "the receiver's database made read-only for 12 s (its writes refused with 1290) while events queue, a budget of 3: nothing lost, nothing doubled, no delivery past the 2 attempts a hold allows", read_only),
-        case!("sigterm", Must, "R-CLI-3", "SIGTERM ends consume within 10 s and leaves the subscription enabled", sigterm),
-        case!("sigterm-mid-apply", Must, "R-STORE-7 R-CLI-3", "SIGTERM while a COMMIT is held 3 s by the proxy: no delivery ACKed without its committed row, consume ends within 10 s, and what was not ACKed comes back and is applied once", sigterm_mid_apply),
-        case!("crash-loop", Must, "R-FAULT-4 R-STORE-4 R-STORE-6", "seeded SIGKILLs over duplicates and out-of-order versions, then a ledger check", crash_loop),
-        case!("no-secrets", Must, "R-SDK-3 R-STORE-11 R-CLI-4", "no token, password or lease proof in the output, errors included", no_secrets),
-        case!("config-errors", Should, "R-CLI-5", "consume with a RECEIVER_NAME outside its grammar, too long, a DSN without a database, no subscription: a non-zero exit, a line naming the variable, nothing leased", config_errors),
-    ]
+registry! {
+    Schema => ("schema", Must, "R-SCHEMA-1 R-SCHEMA-5 R-SCHEMA-7", "init makes 2 tables, 17 commented columns, no foreign key, byte-compared identity columns; a second init is refused", schema),
+    NamesByBytes => ("names-by-bytes", Should, "R-SCHEMA-7 R-STORE-4", "two consumer names that differ only in case, on one database: each records the event and keeps a view of its own", names_by_bytes),
+    FirstReceipt => ("first-receipt", Must, "R-STORE-5 R-STORE-7 R-CANON-2", "one event: ACKed at its first attempt, one inbox row with the canonical form and its SHA-256, the view at its version", first_receipt),
+    AckAfterCommit => ("ack-after-commit", Must, "R-STORE-7", "the answer to COMMIT held 1.5 s by the proxy: while the row is committed and the answer is on its way, the delivery is not ACKed", ack_after_commit),
+    EveryAckAfterCommit => ("every-ack-after-commit", Must, "R-STORE-7", "every COMMIT held 300 ms by the proxy before the server sees it, 12 events: no delivery ACKed sooner after its row's INSERT", every_ack_after_commit),
+    CutBetweenStatements => ("cut-between-statements", Must, "R-STORE-7", "the receiver's connection cut at its first statement on the view, then at its first COMMIT: after each redelivery the inbox row and the view agree", cut_between_statements),
+    Duplicate => ("duplicate", Must, "R-STORE-4", "the same event delivered again: ACKed, still one inbox row, the view advanced once", duplicate),
+    StaleVersion => ("stale-version", Must, "R-STORE-6", "an older version arriving late, of another type with a result: ACKed and kept as history, every column of the view row unchanged", stale_version),
+    VersionOrder => ("version-order", Must, "R-STORE-6", "versions whose text order is not their order (9 and 10, 99 and 100) and versions around 2^53 and 2^63 up to 2^64-1, each pair in both arrival orders: every view at the higher", version_order),
+    DuplicateOriginals => ("duplicate-originals", Must, "R-STORE-4 R-STORE-12", "duplicates and same-id conflicts of an applied original, one recorded stale, and one recorded again after a prune: duplicates ACKed, conflicts never, records and views unchanged", duplicate_originals),
+    PrunedRedelivery => ("pruned-redelivery", Should, "R-STORE-12", "an applied event's inbox row deleted as a prune would, then the event delivered again: ACKed, the view and applied_events unmoved", pruned_redelivery),
+    ConcurrentVersions => ("concurrent-versions", Must, "R-STORE-6 R-STORE-4", "every statement on the view answered 200 ms late, so that overlapping applies of one task overlap across read and write: 8 views meeting v5, v4, v3 at once, 8 new tasks whose first three versions come at once, 8 first events delivered twice at once: every view at the highest, each event applied once", concurrent_versions),
+    SameIdOtherContent => ("same-id-other-content", Must, "R-STORE-2 R-STORE-4", "an event with an applied event's id and other content: never ACKed, the stored record unchanged", same_id_other_content),
+    SameVersionOtherId => ("same-version-other-id", Must, "R-STORE-6", "another event id for a version already applied: never ACKed, rolled back (no inbox row)", same_version_other_id),
+    CanonicalCorpus => ("canonical-corpus", Must, "R-CANON-2 R-STORE-5", "every valid event of the published vectors and 240 drawn from the seed (non-ASCII, escapes, '/', control characters, UTF-16 name order, number forms, occurred_at offsets), sent byte for byte: each stored event, digest and view result is the form's", canonical_corpus),
+    NeedsReview => ("needs-review", Must, "R-CANON-1", "NEEDS_REVIEW stays NEEDS_REVIEW in the view", needs_review),
+    ExactNumbers => ("exact-numbers", Must, "R-SCHEMA-4 R-CANON-2", "big integers and decimal text in a result kept byte for byte", exact_numbers),
+    LargeResults => ("large-results", Must, "R-SCHEMA-4", "results of 70,000, 200,000 and 520,000 bytes with multi-byte characters at both ends and across byte 65,535: stored and viewed byte for byte", large_results),
+    Scopes => ("scopes", Must, "R-SCHEMA-3 R-SCHEMA-2", "two consumer names on one queue and one name on two queues, one database, one task id: each view moved only by its own consumer's events of its own queue", scopes),
+    Utc => ("utc", Must, "R-SCHEMA-6", "times stored in UTC while the server's time zone is +09:00", utc),
+    QueueMismatch => ("queue-mismatch", Must, "R-CLI-3", "a subscription on another queue than the configured one: consume refuses to start and takes nothing", queue_mismatch),
+    KillAfterCommit => ("kill-after-commit", Must, "R-FAULT-4", "SIGKILL after COMMIT and before the ACK landed: after the real 30 s lease the redelivery is a duplicate (attempts 2, applied_events 1)", kill_after_commit),
+    CommitLost => ("commit-lost", Must, "R-STORE-7 R-STORE-8 R-FAULT-3", "the server's OK to COMMIT dropped by the proxy: no ACK at that attempt, then resolved as a duplicate", commit_lost),
+    RefusedEvent => ("refused-event", Must, "R-CANON-3 R-STORE-1 R-CLI-4", "an event the canonical form refuses (a member named twice): never ACKed, EXPIRED once its budget of 2 is spent, no inbox row, its id in the output", refused_event),
+    MalformedEvents => ("malformed-events", Must, "R-CANON-3 R-STORE-1 R-CLI-4", "21 events, each one change from a good one: every refusal of the event around the form the platform can carry (task versions 1.0, 1e0, 2E+1, -1, 0, 2^64 and \"1\" among them), a bad timestamp, a lone surrogate, a member named twice: each refused until EXPIRED, no inbox row, each printable id in the output", malformed_events),
+    ForeignEvents => ("foreign-events", Must, "R-CANON-1", "on this subscription, an event naming another queue and one of an unknown type: each refused until its budget of 2 is spent, no inbox row, the view unchanged", foreign_events),
+    LostAckReply => ("lost-ack-reply", Must, "R-SDK-2", "the answer to an ACK lost (the stream closed after it was recorded): the ACK sent again with the same proof is already_acked, one attempt", lost_ack_reply),
+    AfterFailures => ("after-failures", Must, "R-CLI-6 R-STORE-8", "a burst of failing deliveries (4 refused, 2 conflicts, a COMMIT whose answer is lost, one held 8 s past the apply's budget), then 20 good ones: every good one ACKed within 30 s, the two COMMITs resolved", after_failures),
+    AbandonedCommit => ("abandoned-commit", Must, "R-CLI-6", "the first COMMIT held 20 s on its way to the server by the proxy, past the apply's budget, its transaction open: the redelivery applies or resolves within its own lease (ACKED by attempt 2), not behind the abandoned transaction's locks", abandoned_commit),
+    LongOutage => ("long-outage", Must, "R-CLI-6", "the receiver's database down 20 s, longer than a probe that gives up would wait, events sent during and after: every one ACKed within 20 s of the restart", long_outage),
+    CreditBound => ("credit-bound", Must, "R-E2E-3 R-SDK-2", "a backlog of 40 events, every COMMIT answered 300 ms late: never more than 8 deliveries held at once on the stream (the default concurrency 4, and at most as many waiting), counted by the platform", credit_bound),
+    DatabaseRestart => ("database-restart", Should, "R-STORE-9", "the receiver's database killed for 12 s while events queue, a budget of 3: nothing lost, nothing doubled, no delivery past the 2 attempts a hold allows", database_restart),
+    SkewedClock => ("skewed-clock", Should, "R-STORE-9", "the platform's clock 60 s ahead of the receiver's, then 60 s behind (orbit-dev --clock-offset-seconds), 3 s leases: every delivery ACKed at its first attempt", skewed_clock),
+    ReadOnly => ("read-only", Should, "R-DIST-4", "the receiver's database made read-only for 12 s (its writes refused with 1290) while events queue, a budget of 3: nothing lost, nothing doubled, no delivery past the 2 attempts a hold allows", read_only),
+    Sigterm => ("sigterm", Must, "R-CLI-3", "SIGTERM ends consume within 10 s and leaves the subscription enabled", sigterm),
+    SigtermMidApply => ("sigterm-mid-apply", Must, "R-STORE-7 R-CLI-3", "SIGTERM while a COMMIT is held 3 s by the proxy: no delivery ACKed without its committed row, consume ends within 10 s, and what was not ACKed comes back and is applied once", sigterm_mid_apply),
+    CrashLoop => ("crash-loop", Must, "R-FAULT-4 R-STORE-4 R-STORE-6", "seeded SIGKILLs over duplicates and out-of-order versions, then a ledger check", crash_loop),
+    NoSecrets => ("no-secrets", Must, "R-SDK-3 R-STORE-11 R-CLI-4", "no token, password or lease proof in the output, errors included", no_secrets),
+    ConfigErrors => ("config-errors", Should, "R-CLI-5", "consume with a RECEIVER_NAME outside its grammar, too long, a DSN without a database, no subscription: a non-zero exit, a line naming the variable, nothing leased", config_errors),
 }
 
 /// The mutants of `receiver-mutant` (`RECEIVER_MUTANT`), each with the case aimed at it and
@@ -204,63 +215,107 @@ pub fn cases() -> Vec<Case> {
 pub use seam_names::Mutant;
 
 /// Every mutant with its aimed case and rule.
-pub const MUTANTS: &[(Mutant, &str, &str)] = &[
-    (Mutant::AckBeforeCommit, "ack-after-commit", "R-STORE-7"),
-    (Mutant::InsertIgnore, "same-id-other-content", "R-STORE-4"),
+pub const MUTANTS: &[(Mutant, CaseId, &str)] = &[
+    (Mutant::AckBeforeCommit, CaseId::AckAfterCommit, "R-STORE-7"),
+    (
+        Mutant::InsertIgnore,
+        CaseId::SameIdOtherContent,
+        "R-STORE-4",
+    ),
     (
         Mutant::NoDigestCompare,
-        "same-id-other-content",
+        CaseId::SameIdOtherContent,
         "R-STORE-4",
     ),
-    (Mutant::AnyVersion, "stale-version", "R-STORE-6"),
-    (Mutant::UnconfirmedIsSuccess, "commit-lost", "R-STORE-8"),
-    (Mutant::CaseInsensitiveIds, "schema", "R-SCHEMA-7"),
-    (Mutant::AsReceived, "first-receipt", "R-CANON-2"),
-    (Mutant::DuplicateIsError, "duplicate", "R-STORE-4"),
-    (Mutant::NoInboxDedup, "duplicate", "R-STORE-4"),
-    (Mutant::NeedsReviewAsSucceeded, "needs-review", "R-CANON-1"),
-    (Mutant::FloatNumbers, "exact-numbers", "R-SCHEMA-4"),
-    (Mutant::LocalTime, "utc", "R-SCHEMA-6"),
-    (Mutant::NoQueueCheck, "queue-mismatch", "R-CLI-3"),
-    (Mutant::PauseOnSigterm, "sigterm", "R-CLI-3"),
-    (Mutant::PrintsToken, "no-secrets", "R-SDK-3"),
-    (Mutant::AcksRejected, "refused-event", "R-CANON-3"),
-    (Mutant::NoOutageHold, "database-restart", "R-STORE-9"),
-    (Mutant::LenientConfig, "config-errors", "R-CLI-5"),
-    (Mutant::ForgetsLostAcks, "lost-ack-reply", "R-SDK-2"),
-    (Mutant::NoEventQueueCheck, "foreign-events", "R-CANON-1"),
-    (Mutant::LostUpdate, "concurrent-versions", "R-STORE-6"),
+    (Mutant::AnyVersion, CaseId::StaleVersion, "R-STORE-6"),
+    (
+        Mutant::UnconfirmedIsSuccess,
+        CaseId::CommitLost,
+        "R-STORE-8",
+    ),
+    (Mutant::CaseInsensitiveIds, CaseId::Schema, "R-SCHEMA-7"),
+    (Mutant::AsReceived, CaseId::FirstReceipt, "R-CANON-2"),
+    (Mutant::DuplicateIsError, CaseId::Duplicate, "R-STORE-4"),
+    (Mutant::NoInboxDedup, CaseId::Duplicate, "R-STORE-4"),
+    (
+        Mutant::NeedsReviewAsSucceeded,
+        CaseId::NeedsReview,
+        "R-CANON-1",
+    ),
+    (Mutant::FloatNumbers, CaseId::ExactNumbers, "R-SCHEMA-4"),
+    (Mutant::LocalTime, CaseId::Utc, "R-SCHEMA-6"),
+    (Mutant::NoQueueCheck, CaseId::QueueMismatch, "R-CLI-3"),
+    (Mutant::PauseOnSigterm, CaseId::Sigterm, "R-CLI-3"),
+    (Mutant::PrintsToken, CaseId::NoSecrets, "R-SDK-3"),
+    (Mutant::AcksRejected, CaseId::RefusedEvent, "R-CANON-3"),
+    (Mutant::NoOutageHold, CaseId::DatabaseRestart, "R-STORE-9"),
+    (Mutant::LenientConfig, CaseId::ConfigErrors, "R-CLI-5"),
+    (Mutant::ForgetsLostAcks, CaseId::LostAckReply, "R-SDK-2"),
+    (
+        Mutant::NoEventQueueCheck,
+        CaseId::ForeignEvents,
+        "R-CANON-1",
+    ),
+    (Mutant::LostUpdate, CaseId::ConcurrentVersions, "R-STORE-6"),
     (
         Mutant::AckEarlySometimes,
-        "every-ack-after-commit",
+        CaseId::EveryAckAfterCommit,
         "R-STORE-7",
     ),
-    (Mutant::SplitCommit, "cut-between-statements", "R-STORE-7"),
-    (Mutant::ReappliesPruned, "pruned-redelivery", "R-STORE-12"),
-    (Mutant::EscapesNonAscii, "canonical-corpus", "R-CANON-2"),
-    (Mutant::EscapesSlash, "canonical-corpus", "R-CANON-2"),
-    (Mutant::KeepsOffset, "canonical-corpus", "R-CANON-2"),
-    (Mutant::Utf8KeyOrder, "canonical-corpus", "R-CANON-2"),
-    (Mutant::ReadBeforeLock, "concurrent-versions", "R-STORE-6"),
-    (Mutant::StopsAfterFailures, "after-failures", "R-CLI-6"),
-    (Mutant::ExitsOnShortLease, "sigterm", "R-CLI-3"),
-    (Mutant::TextVersionOrder, "version-order", "R-STORE-6"),
-    (Mutant::SignedVersions, "version-order", "R-STORE-6"),
-    (Mutant::StaleWritesResult, "stale-version", "R-STORE-6"),
+    (
+        Mutant::SplitCommit,
+        CaseId::CutBetweenStatements,
+        "R-STORE-7",
+    ),
+    (
+        Mutant::ReappliesPruned,
+        CaseId::PrunedRedelivery,
+        "R-STORE-12",
+    ),
+    (
+        Mutant::EscapesNonAscii,
+        CaseId::CanonicalCorpus,
+        "R-CANON-2",
+    ),
+    (Mutant::EscapesSlash, CaseId::CanonicalCorpus, "R-CANON-2"),
+    (Mutant::KeepsOffset, CaseId::CanonicalCorpus, "R-CANON-2"),
+    (Mutant::Utf8KeyOrder, CaseId::CanonicalCorpus, "R-CANON-2"),
+    (
+        Mutant::ReadBeforeLock,
+        CaseId::ConcurrentVersions,
+        "R-STORE-6",
+    ),
+    (Mutant::StopsAfterFailures, CaseId::AfterFailures, "R-CLI-6"),
+    (Mutant::ExitsOnShortLease, CaseId::Sigterm, "R-CLI-3"),
+    (Mutant::TextVersionOrder, CaseId::VersionOrder, "R-STORE-6"),
+    (Mutant::SignedVersions, CaseId::VersionOrder, "R-STORE-6"),
+    (Mutant::StaleWritesResult, CaseId::StaleVersion, "R-STORE-6"),
     (
         Mutant::NoDigestCompareWhenStale,
-        "duplicate-originals",
+        CaseId::DuplicateOriginals,
         "R-STORE-4",
     ),
-    (Mutant::CutsLargeResults, "large-results", "R-SCHEMA-4"),
-    (Mutant::LenientVersions, "malformed-events", "R-CANON-3"),
-    (Mutant::ViewByTaskAlone, "scopes", "R-SCHEMA-3"),
-    (Mutant::AcksOnSigterm, "sigterm-mid-apply", "R-STORE-7"),
-    (Mutant::ReadOnlyIsFailure, "read-only", "R-DIST-4"),
-    (Mutant::DeadlineFromExpiresAt, "skewed-clock", "R-STORE-9"),
-    (Mutant::ProbeGivesUp, "long-outage", "R-CLI-6"),
-    (Mutant::CreditOnReceipt, "credit-bound", "R-E2E-3"),
-    (Mutant::ClosesWithoutKill, "abandoned-commit", "R-CLI-6"),
+    (Mutant::CutsLargeResults, CaseId::LargeResults, "R-SCHEMA-4"),
+    (
+        Mutant::LenientVersions,
+        CaseId::MalformedEvents,
+        "R-CANON-3",
+    ),
+    (Mutant::ViewByTaskAlone, CaseId::Scopes, "R-SCHEMA-3"),
+    (Mutant::AcksOnSigterm, CaseId::SigtermMidApply, "R-STORE-7"),
+    (Mutant::ReadOnlyIsFailure, CaseId::ReadOnly, "R-DIST-4"),
+    (
+        Mutant::DeadlineFromExpiresAt,
+        CaseId::SkewedClock,
+        "R-STORE-9",
+    ),
+    (Mutant::ProbeGivesUp, CaseId::LongOutage, "R-CLI-6"),
+    (Mutant::CreditOnReceipt, CaseId::CreditBound, "R-E2E-3"),
+    (
+        Mutant::ClosesWithoutKill,
+        CaseId::AbandonedCommit,
+        "R-CLI-6",
+    ),
 ];
 
 impl std::fmt::Debug for Case {

@@ -791,7 +791,7 @@ fn mutants(o: &MutantOptions) -> ExitCode {
     for (mutant, case, rule) in selected {
         let case = all
             .iter()
-            .find(|c| c.name == *case)
+            .find(|c| c.id == *case)
             .expect("the mutant table names a case");
         let t = Instant::now();
         let mut caught_runs = 0;
@@ -1022,11 +1022,11 @@ mod tests {
         for (mutant, case, rule) in conformance_kit::MUTANTS {
             let c = all
                 .iter()
-                .find(|c| c.name == *case)
-                .unwrap_or_else(|| panic!("{mutant}: no case {case}"));
+                .find(|c| c.id == *case)
+                .unwrap_or_else(|| panic!("{mutant}: no case {case:?}"));
             assert!(
                 c.rules.contains(rule),
-                "{mutant}: {case} does not prove {rule}"
+                "{mutant}: {case:?} does not prove {rule}"
             );
         }
     }
