@@ -21,6 +21,7 @@ pub mod dsn;
 pub mod durability;
 pub mod error;
 pub mod event;
+pub mod group;
 pub mod identity;
 pub mod outcome;
 mod pool;
@@ -34,6 +35,7 @@ pub use canonical::{canonicalize, Digest};
 pub use dsn::{Dsn, DsnError};
 pub use error::{ApplyError, Conflict, StorageError, StorageKind};
 pub use event::{Rejected, Rejection, TaskEvent, TaskState};
+pub use group::{Fallback, GroupApplied, Member, GROUP_MAX_BYTES, GROUP_MAX_EVENTS};
 pub use identity::{ConsumerName, EventId, QueueId, TaskId};
 pub use outcome::Outcome;
 pub use store::{

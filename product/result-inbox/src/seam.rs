@@ -21,6 +21,11 @@ pub enum Point {
     /// After the inbox `INSERT` met the dedup key, before the committed record's verdict is
     /// read.
     BeforeVerdict,
+    /// In a group's transaction, after the inbox rows of all its events were inserted.
+    AfterInboxRows,
+    /// In a group's transaction, after its views were created or advanced and its stale
+    /// events marked, before the callers' writes.
+    AfterViews,
     /// After every write, before `COMMIT`.
     BeforeCommit,
 }
@@ -57,6 +62,7 @@ mod installed {
 
     use super::Point;
     use crate::event::TaskEvent;
+    pub use crate::statements::GroupOrder;
     use crate::statements::Statements;
     use canonical_form::Digest;
 
@@ -81,6 +87,10 @@ mod installed {
         pub insert_inbox: &'static str,
         pub upsert_view: &'static str,
         pub read_verdict: &'static str,
+        /// The head of a group's inbox `INSERT`, up to its `VALUES`.
+        pub insert_inbox_rows: &'static str,
+        /// The order in which a group's events are judged.
+        pub group_order: GroupOrder,
         /// `None` leaves the server's own time zone.
         pub time_zone: Option<&'static str>,
         /// Whether the health check reads `@@global.read_only`.
@@ -97,6 +107,8 @@ mod installed {
                 insert_inbox: s.insert_inbox,
                 upsert_view: s.upsert_view,
                 read_verdict: s.read_verdict,
+                insert_inbox_rows: s.insert_inbox_rows,
+                group_order: s.group_order,
                 time_zone: s.time_zone,
                 probe_read_only: s.probe_read_only,
                 kill_abandoned: s.kill_abandoned,
@@ -111,6 +123,8 @@ mod installed {
                 insert_inbox: table.insert_inbox,
                 upsert_view: table.upsert_view,
                 read_verdict: table.read_verdict,
+                insert_inbox_rows: table.insert_inbox_rows,
+                group_order: table.group_order,
                 time_zone: table.time_zone,
                 probe_read_only: table.probe_read_only,
                 kill_abandoned: table.kill_abandoned,

@@ -7,9 +7,20 @@ use crate::connect::SESSION_TIME_ZONE;
 /// First statement of every apply: the dedup claim. `applied = 1` is provisional: the stale
 /// path clears it in the same transaction ([`MARK_STALE`]), so no other transaction ever sees
 /// it wrong (a concurrent duplicate waits on this row's lock until COMMIT or ROLLBACK).
-pub const INSERT_INBOX: &str = "INSERT INTO receiver_inbox \
-     (consumer_name, queue_id, event_id, event_digest, event_canonical, applied, received_at) \
-     VALUES (?, ?, ?, ?, ?, 1, UTC_TIMESTAMP(6))";
+pub const INSERT_INBOX: &str = concat!(
+    inbox_head!(),
+    " VALUES (?, ?, ?, ?, ?, 1, UTC_TIMESTAMP(6))"
+);
+
+/// The inbox `INSERT` up to its values: one event's ([`INSERT_INBOX`]) and a group's
+/// ([`INSERT_INBOX_HEAD`]) share it.
+macro_rules! inbox_head {
+    () => {
+        "INSERT INTO receiver_inbox \
+         (consumer_name, queue_id, event_id, event_digest, event_canonical, applied, received_at)"
+    };
+}
+use inbox_head;
 
 /// Creates the task's view with this event's final values, or, when the view exists, locks it
 /// exclusively at once and advances it only for a higher version. One statement, one lock
@@ -67,6 +78,20 @@ pub const READ_VERDICT: &str =
     "SELECT event_digest = ?, event_digest, applied FROM receiver_inbox \
      WHERE consumer_name = ? AND queue_id = ? AND event_id = ?";
 
+/// The head of a group's inbox `INSERT` (the group apply adds one row of values per event:
+/// `crate::group::insert_inbox_rows`).
+pub const INSERT_INBOX_HEAD: &str = inbox_head!();
+
+/// The order in which a group's events are judged against their views.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GroupOrder {
+    /// By task, then version: as if applied one after another, oldest first.
+    Version,
+    /// As they came (only a mutant: an older version that arrives later is stale, not
+    /// applied before the newer one).
+    Arrival,
+}
+
 /// The statements of one apply and the session they run in: one value a store is built with.
 /// Production stores run [`Statements::STANDARD`]; a test build's mutant store runs another
 /// table it installed through [`crate::seam`], so that the transaction in `store.rs` has no branch
@@ -76,6 +101,10 @@ pub struct Statements {
     pub(crate) insert_inbox: &'static str,
     pub(crate) upsert_view: &'static str,
     pub(crate) read_verdict: &'static str,
+    /// The head of a group's inbox `INSERT`.
+    pub(crate) insert_inbox_rows: &'static str,
+    /// The order in which a group's events are judged.
+    pub(crate) group_order: GroupOrder,
     /// `None` leaves the server's own time zone.
     pub(crate) time_zone: Option<&'static str>,
     /// Whether the health check reads `@@global.read_only` (a read-only server is an outage).
@@ -90,6 +119,8 @@ impl Statements {
         insert_inbox: INSERT_INBOX,
         upsert_view: UPSERT_VIEW,
         read_verdict: READ_VERDICT,
+        insert_inbox_rows: INSERT_INBOX_HEAD,
+        group_order: GroupOrder::Version,
         time_zone: Some(SESSION_TIME_ZONE),
         probe_read_only: true,
         kill_abandoned: true,

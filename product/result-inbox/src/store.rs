@@ -92,6 +92,7 @@ use crate::durability;
 use crate::error::{mysql_number, ER_DUP_ENTRY};
 pub use crate::error::{ApplyError, Conflict, StorageError, StorageKind, WriteError};
 use crate::event::{Rejection, TaskEvent};
+use crate::group::{Fallback, Member};
 use crate::identity::{ConsumerName, EventId, QueueId, TaskId};
 pub use crate::outcome::Outcome;
 use crate::pool::{Lease, Pool, KILL_TIMEOUT};
@@ -239,6 +240,13 @@ pub struct Store {
     apply_timeout: Duration,
     require_replica_ack: bool,
     statements: &'static Statements,
+}
+
+impl Store {
+    /// The statements this store runs.
+    pub(crate) fn statements(&self) -> &'static Statements {
+        self.statements
+    }
 }
 
 /// Names only: the connection options hold the password.
@@ -508,6 +516,28 @@ impl Store {
                 reasons: Retries::default(),
             };
         }
+        let (done, reasons) = self.run(&Work::One(event, write), deadline).await;
+        let result = done.and_then(|done| match done {
+            Done::One(outcome) => Ok(outcome),
+            _ => Err(ApplyError::Storage(StorageError::unexpected(
+                "one event's apply ended as a group",
+            ))),
+        });
+        Applied {
+            result,
+            retries: reasons.total(),
+            reasons,
+        }
+    }
+
+    /// Runs `work` in transactions until one ends without a retryable failure or time runs
+    /// out (the earlier of `deadline` and the budget); what the last one did and the
+    /// restarts before it.
+    pub(crate) async fn run(
+        &self,
+        work: &Work<'_>,
+        deadline: Option<Instant>,
+    ) -> (Result<Done, ApplyError>, Retries) {
         let started = Instant::now();
         let budget_end = started + self.apply_timeout;
         let end = deadline.map_or(budget_end, |d| d.min(budget_end));
@@ -517,10 +547,9 @@ impl Store {
         let reserve = KILL_TIMEOUT.min(allowed / 4);
         let work_end = end.checked_sub(reserve).unwrap_or(end);
         let mut backoff = backoff::Backoff::new(RETRY_FIRST_WAIT, RETRY_MAX_WAIT);
-        let mut retries = 0;
         let mut reasons = Retries::default();
         loop {
-            let (result, at_commit) = self.attempt(event, write, work_end, allowed).await;
+            let (result, at_commit) = self.attempt(work, work_end, allowed).await;
             let again = match &result {
                 Err(ApplyError::Storage(e)) if e.is_retryable() => {
                     Some(RetryReason::of(e, at_commit))
@@ -529,14 +558,9 @@ impl Store {
             };
             let pause = backoff.next_wait();
             let Some(reason) = again.filter(|_| Instant::now() + pause < work_end) else {
-                return Applied {
-                    result,
-                    retries,
-                    reasons,
-                };
+                return (result, reasons);
             };
             tokio::time::sleep(pause).await;
-            retries += 1;
             reasons.add(reason);
         }
     }
@@ -544,11 +568,10 @@ impl Store {
     /// One transaction, on one connection, ended by `end`; and whether COMMIT was sent.
     async fn attempt(
         &self,
-        event: &TaskEvent,
-        write: &dyn BusinessWrite,
+        work: &Work<'_>,
         end: Instant,
         budget: Duration,
-    ) -> (Result<Outcome, ApplyError>, bool) {
+    ) -> (Result<Done, ApplyError>, bool) {
         let mut conn = match tokio::time::timeout_at(end, self.pool.acquire()).await {
             Ok(Ok(conn)) => conn,
             Ok(Err(e)) => return (Err(e.into()), false),
@@ -557,7 +580,7 @@ impl Store {
         let commit_sent = AtomicBool::new(false);
         let ran = tokio::time::timeout_at(
             end,
-            self.run_transaction(&mut conn, event, write, &commit_sent, end),
+            self.run_transaction(&mut conn, work, &commit_sent, end),
         )
         .await;
         let at_commit = commit_sent.load(Ordering::SeqCst);
@@ -584,26 +607,35 @@ impl Store {
     }
 
     /// The transaction and what follows it on the same connection: the duplicate's verdict,
-    /// or a ROLLBACK after an error; then, when the store requires it, a replica's
-    /// acknowledgement of what is recorded, waited for until `end`. Leaves the lease clean
-    /// when the connection may be reused.
+    /// or a ROLLBACK after an error or before a group's fallback; then, when the store
+    /// requires it, a replica's acknowledgement of what is recorded, waited for until `end`.
+    /// Leaves the lease clean when the connection may be reused.
     async fn run_transaction(
         &self,
         conn: &mut Lease<'_>,
-        event: &TaskEvent,
-        write: &dyn BusinessWrite,
+        work: &Work<'_>,
         commit_sent: &AtomicBool,
         end: Instant,
-    ) -> Result<Outcome, ApplyError> {
-        let attempt = self
-            .transaction(conn.get(), event, write, commit_sent)
-            .await;
-        let recorded = match attempt {
-            Ok(Step::Committed(outcome)) => {
-                conn.clean();
-                Ok(outcome)
+    ) -> Result<Done, ApplyError> {
+        let attempt = match *work {
+            Work::One(event, write) => self
+                .transaction(conn.get(), event, write, commit_sent)
+                .await
+                .map(|step| match step {
+                    Step::Committed(outcome) => GroupStep::Committed(vec![outcome]),
+                    Step::AlreadyRecorded => GroupStep::AlreadyRecorded(event),
+                }),
+            Work::Group(members) => {
+                self.group_transaction(conn.get(), members, commit_sent)
+                    .await
             }
-            Ok(Step::AlreadyRecorded) => {
+        };
+        let recorded = match attempt {
+            Ok(GroupStep::Committed(outcomes)) => {
+                conn.clean();
+                Ok(outcomes)
+            }
+            Ok(GroupStep::AlreadyRecorded(event)) => {
                 // The verdict is read before ROLLBACK: the duplicate key left this transaction
                 // a shared lock on the committed row, so nothing (a prune's DELETE) can remove
                 // it between the dedup claim and the verdict. Read after ROLLBACK, a row pruned
@@ -615,7 +647,20 @@ impl Store {
                     (Err(ApplyError::Storage(_)), _) | (_, Err(_)) => {}
                     _ => conn.clean(),
                 }
-                resolved
+                resolved.map(|outcome| vec![outcome])
+            }
+            Ok(GroupStep::Fallback(why)) => {
+                // Nothing of the group stays: roll it back, and apply its events one by one.
+                return match conn.get().execute("ROLLBACK").await {
+                    Ok(_) => {
+                        conn.clean();
+                        Ok(Done::Fallback(why))
+                    }
+                    Err(e) => {
+                        conn.broken();
+                        Err(e.into())
+                    }
+                };
             }
             Err(e) => {
                 // Before COMMIT, a clean ROLLBACK keeps the connection; after COMMIT was sent,
@@ -633,35 +678,38 @@ impl Store {
                 Err(e)
             }
         };
-        match recorded {
-            Ok(outcome) if self.require_replica_ack => self.await_replica(conn, outcome, end).await,
-            other => other,
-        }
+        let outcomes = recorded?;
+        let replicated = !self.require_replica_ack || self.await_replica(conn, end).await;
+        Ok(match work {
+            Work::One(..) if !replicated => {
+                return Err(ApplyError::Unreplicated(outcomes[0]));
+            }
+            Work::One(..) => Done::One(outcomes[0]),
+            Work::Group(_) => Done::Group {
+                outcomes,
+                replicated,
+            },
+        })
     }
 
     /// After a commit or a duplicate's verdict, on the same connection (so the same server):
-    /// `outcome` once the primary reports a replica acknowledging, read after that answer
-    /// (see [`crate::durability`] for why that is enough), polled until shortly before `end`;
-    /// [`ApplyError::Unreplicated`] if it never does.
-    async fn await_replica(
-        &self,
-        conn: &mut Lease<'_>,
-        outcome: Outcome,
-        end: Instant,
-    ) -> Result<Outcome, ApplyError> {
+    /// whether the primary reports a replica acknowledging, read after that answer (see
+    /// [`crate::durability`] for why that is enough), polled until shortly before `end`.
+    /// `false` means what is recorded is not known to be on a replica.
+    async fn await_replica(&self, conn: &mut Lease<'_>, end: Instant) -> bool {
         loop {
             match durability::check_replica_ack(conn.get()).await {
-                Ok(()) => return Ok(outcome),
+                Ok(()) => return true,
                 Err(e) if e.kind() == StorageKind::Unreplicated => {}
                 // The status could not be read: what is recorded is not known to be on a
                 // replica either.
                 Err(_) => {
                     conn.broken();
-                    return Err(ApplyError::Unreplicated(outcome));
+                    return false;
                 }
             }
             if Instant::now() + REPLICA_POLL * 2 >= end {
-                return Err(ApplyError::Unreplicated(outcome));
+                return false;
             }
             tokio::time::sleep(REPLICA_POLL).await;
         }
@@ -881,11 +929,39 @@ fn storage(e: sqlx::Error) -> StorageError {
     StorageError::from_sqlx(&e)
 }
 
-/// Where one transaction attempt ended, short of an error.
+/// Where one event's transaction ended, short of an error.
 enum Step {
     Committed(Outcome),
     /// The inbox INSERT hit the dedup key: the event is already committed.
     AlreadyRecorded,
+}
+
+/// What one transaction is asked to record.
+pub(crate) enum Work<'a> {
+    /// One event and the caller's write ([`Store::apply_until`]).
+    One(&'a TaskEvent, &'a dyn BusinessWrite),
+    /// Several, each with its write, in one transaction ([`Store::apply_group`]).
+    Group(&'a [Member<'a>]),
+}
+
+/// Where a transaction attempt ended, short of an error: committed with each event's outcome
+/// (in the order the work named them), one event already recorded, or a group that must be
+/// applied one event at a time (nothing of it stays).
+pub(crate) enum GroupStep<'a> {
+    Committed(Vec<Outcome>),
+    AlreadyRecorded(&'a TaskEvent),
+    Fallback(Fallback),
+}
+
+/// What [`Store::run`] ends with, short of an error.
+pub(crate) enum Done {
+    One(Outcome),
+    Group {
+        outcomes: Vec<Outcome>,
+        /// Whether a replica holds the commit, when the store requires it (else `true`).
+        replicated: bool,
+    },
+    Fallback(Fallback),
 }
 
 /// A `BINARY(32)` digest column.

@@ -16,6 +16,10 @@ pub enum Barrier {
     /// In the Apply transaction, after the inbox `INSERT` met the dedup key, before the
     /// committed record's verdict is read.
     BeforeVerdict,
+    /// In a group's transaction, after the inbox rows of all its events were inserted.
+    AfterInboxRows,
+    /// In a group's transaction, after its views were written and its stale events marked.
+    AfterViews,
     /// After the inbox row and the view are written, before `COMMIT`.
     BeforeCommit,
     /// After the apply answered (COMMIT confirmed, or a duplicate or stale verdict), before
@@ -27,9 +31,11 @@ pub enum Barrier {
 
 impl Barrier {
     /// Every barrier, in flow order.
-    pub const ALL: [Barrier; 5] = [
+    pub const ALL: [Barrier; 7] = [
         Barrier::BeforeInsert,
         Barrier::BeforeVerdict,
+        Barrier::AfterInboxRows,
+        Barrier::AfterViews,
         Barrier::BeforeCommit,
         Barrier::AfterCommit,
         Barrier::AfterAckSent,
@@ -40,6 +46,8 @@ impl Barrier {
         match self {
             Barrier::BeforeInsert => "before_insert",
             Barrier::BeforeVerdict => "before_verdict",
+            Barrier::AfterInboxRows => "after_inbox_rows",
+            Barrier::AfterViews => "after_views",
             Barrier::BeforeCommit => "before_commit",
             Barrier::AfterCommit => "after_commit",
             Barrier::AfterAckSent => "after_ack_sent",
@@ -55,7 +63,11 @@ impl Barrier {
     pub fn in_transaction(self) -> bool {
         matches!(
             self,
-            Barrier::BeforeInsert | Barrier::BeforeVerdict | Barrier::BeforeCommit
+            Barrier::BeforeInsert
+                | Barrier::BeforeVerdict
+                | Barrier::AfterInboxRows
+                | Barrier::AfterViews
+                | Barrier::BeforeCommit
         )
     }
 }

@@ -8,6 +8,8 @@
 //! |---|---|
 //! | `before_insert` | in the Apply transaction, after `BEGIN`, before the inbox `INSERT` |
 //! | `before_verdict` | in the Apply transaction, after the inbox `INSERT` met the dedup key, before the committed record's verdict is read |
+//! | `after_inbox_rows` | in a group's transaction, after the inbox rows of all its events |
+//! | `after_views` | in a group's transaction, after its views were written and its stale events marked |
 //! | `before_commit` | after the inbox row and the view are written, before `COMMIT` |
 //! | `after_commit` | after the apply answered (COMMIT confirmed, or a duplicate/stale verdict), before the handler returns and the SDK ACKs |
 //! | `after_ack_sent` | in the SDK, right after the ACK frame was written to the stream |
@@ -153,6 +155,8 @@ pub fn install() {
             let barrier = match point {
                 result_inbox::seam::Point::BeforeInsert => Barrier::BeforeInsert,
                 result_inbox::seam::Point::BeforeVerdict => Barrier::BeforeVerdict,
+                result_inbox::seam::Point::AfterInboxRows => Barrier::AfterInboxRows,
+                result_inbox::seam::Point::AfterViews => Barrier::AfterViews,
                 result_inbox::seam::Point::BeforeCommit => Barrier::BeforeCommit,
             };
             Box::pin(async move { self::barrier(barrier, &key).await })

@@ -11,6 +11,7 @@ mod deploy;
 mod failover;
 mod faults;
 mod galera;
+mod group;
 mod inspect;
 mod metrics;
 mod nemesis;
