@@ -144,6 +144,10 @@ const VARIANTS: &[Variant] = &[
 /// local server of their own, and why.
 const PARTLY_LOCAL: &[(&str, &str)] = &[
     (
+        "group",
+        "its counting test reads a server's global counters, which only a server of the test's own keeps for it alone",
+    ),
+    (
         "faults",
         "its database-loss tests SIGKILL and restart the receiver's server on the same datadir and port",
     ),
