@@ -56,6 +56,15 @@ pub const RECEIVER_CONCURRENCY: &str = "RECEIVER_CONCURRENCY";
 pub const DEFAULT_CONCURRENCY: usize = 4;
 /// The fewest and most deliveries [`RECEIVER_CONCURRENCY`] may ask for.
 pub const CONCURRENCY_RANGE: (usize, usize) = (1, 256);
+/// The most deliveries `consume` applies in one transaction (default [`DEFAULT_GROUP_MAX`]),
+/// within [`GROUP_MAX_RANGE`]; `1` applies each in a transaction of its own.
+pub const RECEIVER_GROUP_MAX: &str = "RECEIVER_GROUP_MAX";
+/// `consume`'s group size limit when [`RECEIVER_GROUP_MAX`] is unset (docs/benchmarks.md
+/// says how it was chosen).
+pub const DEFAULT_GROUP_MAX: usize = 16;
+/// The fewest and most deliveries [`RECEIVER_GROUP_MAX`] may ask for (the core's
+/// [`result_inbox::GROUP_MAX_EVENTS`] at most).
+pub const GROUP_MAX_RANGE: (usize, usize) = (1, result_inbox::GROUP_MAX_EVENTS);
 
 /// Where configuration values come from.
 pub trait Source {
@@ -101,6 +110,7 @@ pub const ALL_VARIABLES: &[&str] = &[
     RECEIVER_METRICS_LISTEN,
     RECEIVER_APPLY_TIMEOUT,
     RECEIVER_CONCURRENCY,
+    RECEIVER_GROUP_MAX,
     RECEIVER_REQUIRE_REPLICA_ACK,
 ];
 
@@ -434,6 +444,8 @@ pub struct ConsumeConfig {
     pub apply_timeout: Option<std::time::Duration>,
     /// Deliveries applied at once.
     pub concurrency: usize,
+    /// The most deliveries applied in one transaction ([`RECEIVER_GROUP_MAX`]).
+    pub group_max: usize,
     /// [`RECEIVER_REQUIRE_REPLICA_ACK`].
     pub require_replica_ack: bool,
 }
@@ -459,20 +471,45 @@ fn require_replica_ack(source: &dyn Source, errors: &mut Vec<ConfigError>) -> bo
 
 /// Reads `RECEIVER_CONCURRENCY`: a whole number within [`CONCURRENCY_RANGE`].
 fn concurrency(source: &dyn Source, errors: &mut Vec<ConfigError>) -> usize {
-    let Some(v) = source.get(RECEIVER_CONCURRENCY) else {
-        return DEFAULT_CONCURRENCY;
+    whole_number(
+        source,
+        errors,
+        (RECEIVER_CONCURRENCY, CONCURRENCY_RANGE, DEFAULT_CONCURRENCY),
+        "deliveries applied at once",
+    )
+}
+
+/// Reads `RECEIVER_GROUP_MAX`: a whole number within [`GROUP_MAX_RANGE`].
+fn group_max(source: &dyn Source, errors: &mut Vec<ConfigError>) -> usize {
+    whole_number(
+        source,
+        errors,
+        (RECEIVER_GROUP_MAX, GROUP_MAX_RANGE, DEFAULT_GROUP_MAX),
+        "most deliveries applied in one transaction; 1 for one each",
+    )
+}
+
+/// Reads `variable`: a whole number within `range`, `default` when unset; `what` says what it
+/// counts in the error.
+fn whole_number(
+    source: &dyn Source,
+    errors: &mut Vec<ConfigError>,
+    (variable, (low, high), default): (&'static str, (usize, usize), usize),
+    what: &str,
+) -> usize {
+    let Some(v) = source.get(variable) else {
+        return default;
     };
-    let (low, high) = CONCURRENCY_RANGE;
     match v.trim().parse::<usize>() {
         Ok(n) if (low..=high).contains(&n) => n,
         _ => {
             errors.push(ConfigError {
-                variable: RECEIVER_CONCURRENCY,
+                variable,
                 problem: format!(
-                    "must be a whole number from {low} to {high} (deliveries applied at once; default {DEFAULT_CONCURRENCY})"
+                    "must be a whole number from {low} to {high} ({what}; default {default})"
                 ),
             });
-            DEFAULT_CONCURRENCY
+            default
         }
     }
 }
@@ -549,6 +586,7 @@ impl ConsumeConfig {
         let metrics = metrics_listen(source, &mut errors);
         let apply_timeout = apply_timeout(source, &mut errors);
         let concurrency = concurrency(source, &mut errors);
+        let group_max = group_max(source, &mut errors);
         let require_replica_ack = require_replica_ack(source, &mut errors);
         match (run, subscription) {
             (Some(run), Some(subscription)) if errors.is_empty() => Ok(ConsumeConfig {
@@ -557,6 +595,7 @@ impl ConsumeConfig {
                 metrics,
                 apply_timeout,
                 concurrency,
+                group_max,
                 require_replica_ack,
             }),
             _ => Err(ConfigErrors(errors)),
@@ -790,6 +829,27 @@ mod tests {
         }
         let env: HashMap<&str, &str> = HashMap::new();
         assert_eq!(concurrency(&env, &mut Vec::new()), DEFAULT_CONCURRENCY);
+    }
+
+    #[test]
+    fn the_group_size_is_a_whole_number_from_1_to_64() {
+        let read = |v: &str| {
+            let env: HashMap<&str, &str> = [(RECEIVER_GROUP_MAX, v)].into_iter().collect();
+            let mut errors = Vec::new();
+            let n = group_max(&env, &mut errors);
+            (n, errors.first().map(|e| e.to_string()))
+        };
+        assert_eq!(read("1"), (1, None));
+        assert_eq!(read(" 64 "), (64, None));
+        for bad in ["0", "65", "-1", "", "sixteen"] {
+            assert_eq!(
+                read(bad).1.as_deref(),
+                Some("RECEIVER_GROUP_MAX must be a whole number from 1 to 64 (most deliveries applied in one transaction; 1 for one each; default 16)"),
+                "{bad:?}"
+            );
+        }
+        let env: HashMap<&str, &str> = HashMap::new();
+        assert_eq!(group_max(&env, &mut Vec::new()), DEFAULT_GROUP_MAX);
     }
 
     #[test]

@@ -2,7 +2,8 @@
 //!
 //! Before consuming anything it reads the subscription and refuses to start when its queue is
 //! not the configured one (a wrong queue would burn the delivery budget). Concurrency 4 unless
-//! `RECEIVER_CONCURRENCY` says otherwise. A
+//! `RECEIVER_CONCURRENCY` says otherwise; deliveries that are ready together are applied in
+//! one transaction, up to 16 (`RECEIVER_GROUP_MAX`; see [`crate::group`]). A
 //! signal cancels in-flight handlers (their deliveries are not ACKed and come again after the
 //! lease) and the process ends within 10 s; the shared subscription is never paused.
 //!
@@ -23,7 +24,8 @@ use std::time::{Duration, Instant};
 use orbit_sdk::{Client, ConsumerEvent, CreditGate, EventConsumer, Release};
 
 use crate::config::ConsumeConfig;
-use crate::delivery::{apply_raw, Handled, NotAcked};
+use crate::delivery::{Handled, NotAcked};
+use crate::group::Applier;
 use crate::metrics::Metrics;
 use crate::outage::{wait_for_database, Lines, Outage, PROBE_MAX_WAIT};
 use crate::seam::Point;
@@ -149,18 +151,19 @@ async fn connect_store(
 /// How `consume` applies one delivered event, finishing by the deadline, before it decides on
 /// the ACK from what comes back. The program's is [`apply_event`].
 pub type ApplyEvent = for<'a> fn(
-    &'a Store,
+    &'a Applier,
     &'a [u8],
     tokio::time::Instant,
 ) -> Pin<Box<dyn Future<Output = Handled> + Send + 'a>>;
 
-/// The event as delivered, validated and applied ([`apply_raw`]).
+/// The event as delivered, validated and applied, in a group with what else is waiting when
+/// `RECEIVER_GROUP_MAX` allows ([`Applier::apply_raw`]).
 pub fn apply_event<'a>(
-    store: &'a Store,
+    applier: &'a Applier,
     raw: &'a [u8],
     deadline: tokio::time::Instant,
 ) -> Pin<Box<dyn Future<Output = Handled> + Send + 'a>> {
-    Box::pin(async move { apply_raw(store, raw, Some(deadline)).await.1 })
+    Box::pin(applier.apply_raw(raw, deadline))
 }
 
 /// What a build of the program may set in `consume`: how each event is applied, and the
@@ -256,8 +259,14 @@ pub async fn run_with(
     let ages = config
         .metrics
         .map(|_| tokio::spawn(watch_inbox_age(store.clone(), metrics.clone())));
+    let applier = Applier::grouped(
+        store.clone(),
+        config.group_max,
+        config.concurrency,
+        metrics.clone(),
+    );
     let consumer = {
-        let store = store.clone();
+        let applier = applier.clone();
         let consumer = (seams.consumer)(
             EventConsumer::new(client, subscription.id.clone())
                 .concurrency(config.concurrency)
@@ -266,7 +275,7 @@ pub async fn run_with(
         );
         let metrics = metrics.clone();
         consumer.start(move |d| {
-            let (store, outage) = (store.clone(), outage.clone());
+            let (applier, outage) = (applier.clone(), outage.clone());
             let metrics = metrics.clone();
             async move {
                 let started = Instant::now();
@@ -278,7 +287,7 @@ pub async fn run_with(
                 };
                 metrics.started();
                 let deadline = deadline_of(&d, window);
-                let h = apply(&store, d.event_json().as_bytes(), deadline).await;
+                let h = apply(&applier, d.event_json().as_bytes(), deadline).await;
                 let took = started.elapsed();
                 metrics.handled(&h, took);
                 h.log(&d.delivery_id, d.attempt, took.as_millis() as u64);
@@ -334,6 +343,7 @@ pub async fn run_with(
     let signal = stop.await;
     tracing::info!(signal, "stopping: cancelling in-flight handlers");
     let summary = consumer.shutdown(DRAIN).await;
+    applier.stop();
     watch.abort();
     if let Some(ages) = ages {
         ages.abort();

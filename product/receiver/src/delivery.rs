@@ -170,6 +170,15 @@ impl Handled {
         result: &Result<Outcome, ApplyError>,
         reasons: result_inbox::Retries,
     ) -> Handled {
+        Handled::of_id(event.id().to_string(), result, reasons)
+    }
+
+    /// [`Handled::of`] for the event whose id is `event_id`.
+    pub fn of_id(
+        event_id: String,
+        result: &Result<Outcome, ApplyError>,
+        reasons: result_inbox::Retries,
+    ) -> Handled {
         let suspect_database = match result {
             Err(ApplyError::Storage(e)) => e.is_unavailable(),
             // No answer within the budget: a stopped server looks like this (so does a lock
@@ -184,7 +193,7 @@ impl Handled {
         let releasable = suspect_database && !matches!(result, Err(ApplyError::CommitUnconfirmed));
         Handled {
             classification: Classification::of(result),
-            event_id: Some(event.id().to_string()),
+            event_id: Some(event_id),
             reasons,
             detail: result.as_ref().err().map(|e| e.to_string()),
             suspect_database,

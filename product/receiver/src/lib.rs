@@ -4,7 +4,8 @@
 //!
 //! The flow runs one way: the SDK hands a delivery's bytes to [`delivery`], which validates
 //! them and calls the core's `Store::apply`; the classification it returns decides whether
-//! the SDK may ACK. [`config`] reads the environment, once, for every command; [`consume`] and
+//! the SDK may ACK; under load [`group`] gathers ready deliveries into one transaction, each
+//! keeping its own answer and ACK. [`config`] reads the environment, once, for every command; [`consume`] and
 //! [`demo`] wire the SDK to the store; [`inspect`] reads, never writes; [`prune`] deletes old
 //! inbox rows, as an account of its own.
 //!
@@ -17,6 +18,7 @@ pub mod config;
 pub mod consume;
 pub mod delivery;
 pub mod demo;
+pub mod group;
 pub mod inspect;
 pub mod metrics;
 pub mod outage;

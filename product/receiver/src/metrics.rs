@@ -59,6 +59,8 @@ struct Inner {
     last_applied: Gauge<f64, AtomicU64>,
     inbox_oldest_age: Gauge<f64, AtomicU64>,
     acks: Family<ResultLabel, Counter>,
+    group_size: Histogram,
+    fallbacks: Family<ReasonLabel, Counter>,
     subscription_checked: AtomicBool,
 }
 
@@ -106,6 +108,24 @@ impl Metrics {
             "apply_retries",
             "Transactions restarted inside an apply after a definite rollback, by reason: deadlock, lock_wait, certification (1213 in reply to COMMIT: Galera), commit_error, unavailable, read_only (a demoted primary: 1290, 1792, 1836)",
             retries.clone(),
+        );
+        // 1 to the largest RECEIVER_GROUP_MAX.
+        let group_size = Histogram::new([1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0]);
+        registry.register(
+            "group_size",
+            "Deliveries applied in one transaction (RECEIVER_GROUP_MAX at most)",
+            group_size.clone(),
+        );
+        let fallbacks = Family::<ReasonLabel, Counter>::default();
+        for why in result_inbox::Fallback::ALL {
+            let _ = fallbacks.get_or_create(&ReasonLabel {
+                reason: why.as_str(),
+            });
+        }
+        registry.register(
+            "group_fallbacks",
+            "Groups rolled back and applied one delivery at a time, by cause: duplicate, conflict, view_race (a view created meanwhile), write, too_large",
+            fallbacks.clone(),
         );
         let in_flight = Gauge::default();
         registry.register(
@@ -165,6 +185,8 @@ impl Metrics {
             last_applied,
             inbox_oldest_age,
             acks,
+            group_size,
+            fallbacks,
             subscription_checked: AtomicBool::new(false),
         }))
     }
@@ -198,6 +220,19 @@ impl Metrics {
                 .duration_since(UNIX_EPOCH)
                 .unwrap_or_default();
             inner.last_applied.set(now.as_secs_f64());
+        }
+    }
+
+    /// One group applied: its size, and why it fell back to one delivery at a time, if it did.
+    pub fn group(&self, size: usize, fallback: Option<result_inbox::Fallback>) {
+        self.0.group_size.observe(size as f64);
+        if let Some(why) = fallback {
+            self.0
+                .fallbacks
+                .get_or_create(&ReasonLabel {
+                    reason: why.as_str(),
+                })
+                .inc();
         }
     }
 

@@ -48,14 +48,15 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use sqlx::{Executor, MySqlConnection, Row};
-use tokio::time::Instant;
 
 use crate::error::{mysql_number, ApplyError, Conflict, StorageError, ER_DUP_ENTRY};
 use crate::event::{Rejection, TaskEvent};
 use crate::outcome::Outcome;
 use crate::seam::{self, Point};
 use crate::statements::GroupOrder;
-use crate::store::{Applied, BusinessWrite, Done, GroupStep, Receipt, Retries, Store, Work};
+use crate::store::{Applied, Retries, Store};
+use crate::work::{Done, GroupStep, Receipt, Work};
+pub use crate::work::{Fallback, Member};
 
 /// The most bytes of stored events one group carries: its inbox `INSERT` stays well below
 /// MySQL's and MariaDB's default `max_allowed_packet` (16 MiB and more) with every event at
@@ -66,61 +67,6 @@ pub const GROUP_MAX_BYTES: usize = 4 << 20;
 /// The most events one group holds: the group's statements bind up to seven values a row,
 /// and each group size is one more prepared statement per connection.
 pub const GROUP_MAX_EVENTS: usize = 64;
-
-/// One event of a group, with the caller's writes and when its apply must be done.
-#[derive(Clone, Copy)]
-pub struct Member<'a> {
-    pub event: &'a TaskEvent,
-    pub write: &'a dyn BusinessWrite,
-    /// The member's own deadline (a delivery's lease, say): the group ends by the earliest.
-    pub deadline: Option<Instant>,
-}
-
-impl std::fmt::Debug for Member<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Member")
-            .field("event", &self.event.id().as_str())
-            .field("deadline", &self.deadline)
-            .finish_non_exhaustive()
-    }
-}
-
-/// Why a group was rolled back and applied one event at a time.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Fallback {
-    /// An inbox row of the group was already there (a redelivery, or the same event twice).
-    Duplicate,
-    /// An event has the version its view holds, with another event id.
-    Conflict,
-    /// Another transaction created a view the group meant to create.
-    ViewRace,
-    /// A caller's write failed.
-    Write,
-    /// The group's events are more than [`GROUP_MAX_BYTES`] or [`GROUP_MAX_EVENTS`].
-    TooLarge,
-}
-
-impl Fallback {
-    /// Every cause, in a fixed order.
-    pub const ALL: [Fallback; 5] = [
-        Fallback::Duplicate,
-        Fallback::Conflict,
-        Fallback::ViewRace,
-        Fallback::Write,
-        Fallback::TooLarge,
-    ];
-
-    /// The stable lowercase name (a metric label).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Fallback::Duplicate => "duplicate",
-            Fallback::Conflict => "conflict",
-            Fallback::ViewRace => "view_race",
-            Fallback::Write => "write",
-            Fallback::TooLarge => "too_large",
-        }
-    }
-}
 
 /// What a group apply did: each member's answer, in the members' order, and whether the
 /// group fell back to one event at a time (and why).

@@ -30,6 +30,7 @@ pub mod schema;
 pub mod seam;
 pub mod statements;
 pub mod store;
+mod work;
 
 pub use canonical::{canonicalize, Digest};
 pub use dsn::{Dsn, DsnError};

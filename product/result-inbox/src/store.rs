@@ -77,8 +77,6 @@
 //! still holds its locks.
 
 use std::fmt;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -92,7 +90,6 @@ use crate::durability;
 use crate::error::{mysql_number, ER_DUP_ENTRY};
 pub use crate::error::{ApplyError, Conflict, StorageError, StorageKind, WriteError};
 use crate::event::{Rejection, TaskEvent};
-use crate::group::{Fallback, Member};
 use crate::identity::{ConsumerName, EventId, QueueId, TaskId};
 pub use crate::outcome::Outcome;
 use crate::pool::{Lease, Pool, KILL_TIMEOUT};
@@ -102,6 +99,8 @@ pub use crate::statements::{
     Statements, INSERT_INBOX, MARK_STALE, READ_VERDICT, READ_VIEW_EVENT, UPSERT_VIEW,
     VIEW_ADVANCED, VIEW_CREATED, VIEW_NEWER, VIEW_SAME_EVENT, VIEW_SAME_VERSION_OTHER_EVENT,
 };
+pub use crate::work::{BusinessWrite, NoWrite, Receipt, WriteFuture};
+use crate::work::{Done, GroupStep, Work};
 use canonical_form::Digest;
 
 /// One apply, from taking a connection to the answer to COMMIT, takes at most this long.
@@ -133,39 +132,6 @@ pub const READ_INBOX: &str = "SELECT event_digest, applied, event_canonical FROM
 pub const READ_VIEW: &str = "SELECT task_version, last_event_id, last_state, last_result, \
      applied_events, created_at, updated_at FROM receiver_task_views \
      WHERE consumer_name = ? AND queue_id = ? AND task_id = ?";
-
-/// What a caller's write is told about the event being applied.
-#[derive(Debug, Clone, Copy)]
-pub struct Receipt<'a> {
-    /// The event, validated.
-    pub event: &'a TaskEvent,
-    /// `Applied` (the view advanced) or `Stale` (an older version, view untouched).
-    pub outcome: Outcome,
-}
-
-/// The future a [`BusinessWrite`] returns.
-pub type WriteFuture<'a> = Pin<Box<dyn Future<Output = Result<(), WriteError>> + Send + 'a>>;
-
-/// A caller's own writes, run inside the apply's transaction after the view update and before
-/// COMMIT, on the first receipt of an event only (never for a duplicate). An error rolls back
-/// everything: no inbox row and no view change remain, and the event can be delivered again.
-///
-/// The connection is mid-transaction: do not COMMIT, ROLLBACK or change the isolation level,
-/// and do not call anything outside the database while holding its locks.
-pub trait BusinessWrite: Sync {
-    /// Runs the writes.
-    fn write<'a>(&'a self, conn: &'a mut MySqlConnection, receipt: Receipt<'a>) -> WriteFuture<'a>;
-}
-
-/// No writes beyond the built-in view.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct NoWrite;
-
-impl BusinessWrite for NoWrite {
-    fn write<'a>(&'a self, _: &'a mut MySqlConnection, _: Receipt<'a>) -> WriteFuture<'a> {
-        Box::pin(async { Ok(()) })
-    }
-}
 
 /// How to open a [`Store`].
 #[derive(Debug, Clone)]
@@ -934,34 +900,6 @@ enum Step {
     Committed(Outcome),
     /// The inbox INSERT hit the dedup key: the event is already committed.
     AlreadyRecorded,
-}
-
-/// What one transaction is asked to record.
-pub(crate) enum Work<'a> {
-    /// One event and the caller's write ([`Store::apply_until`]).
-    One(&'a TaskEvent, &'a dyn BusinessWrite),
-    /// Several, each with its write, in one transaction ([`Store::apply_group`]).
-    Group(&'a [Member<'a>]),
-}
-
-/// Where a transaction attempt ended, short of an error: committed with each event's outcome
-/// (in the order the work named them), one event already recorded, or a group that must be
-/// applied one event at a time (nothing of it stays).
-pub(crate) enum GroupStep<'a> {
-    Committed(Vec<Outcome>),
-    AlreadyRecorded(&'a TaskEvent),
-    Fallback(Fallback),
-}
-
-/// What [`Store::run`] ends with, short of an error.
-pub(crate) enum Done {
-    One(Outcome),
-    Group {
-        outcomes: Vec<Outcome>,
-        /// Whether a replica holds the commit, when the store requires it (else `true`).
-        replicated: bool,
-    },
-    Fallback(Fallback),
 }
 
 /// A `BINARY(32)` digest column.

@@ -18,7 +18,8 @@ use tokio::time::Instant;
 
 use receiver::config::ConsumeConfig;
 use receiver::consume::ConsumeError;
-use receiver::delivery::{self, apply_raw, parse, Classification, Handled};
+use receiver::delivery::{self, parse, Classification, Handled};
+use receiver::group::Applier;
 use receiver::program::{ConsumeFuture, InitFuture, Program, Stop};
 
 use crate::frames;
@@ -242,7 +243,7 @@ fn applied_at_once() -> Handled {
 /// - [`Mutant::ViewByTaskAlone`] also moves every other view of the task after an apply;
 /// - the others apply as the program does (their changes are in the store's statements).
 fn apply<'a>(
-    store: &'a Store,
+    store: &'a Applier,
     raw: &'a [u8],
     deadline: Instant,
 ) -> Pin<Box<dyn Future<Output = Handled> + Send + 'a>> {
@@ -252,7 +253,7 @@ fn apply<'a>(
             if FAILED.load(std::sync::atomic::Ordering::SeqCst) >= 3 {
                 std::future::pending::<()>().await;
             }
-            let h = apply_raw(store, raw, Some(deadline)).await.1;
+            let h = store.apply_raw(raw, deadline).await;
             if !h.classification.acks() {
                 FAILED.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             }
@@ -269,7 +270,7 @@ fn apply<'a>(
         match active() {
             _ if early => {
                 let (store, raw) = (store.clone(), raw.to_vec());
-                tokio::spawn(async move { apply_raw(&store, &raw, Some(deadline)).await });
+                tokio::spawn(async move { store.apply_raw(&raw, deadline).await });
                 applied_at_once()
             }
             Some(Mutant::AcksOnSigterm) => {
@@ -279,12 +280,12 @@ fn apply<'a>(
                     }
                 };
                 tokio::select! {
-                    (_, h) = apply_raw(store, raw, Some(deadline)) => h,
+                    h = store.apply_raw(raw, deadline) => h,
                     () = stopping => applied_at_once(),
                 }
             }
             Some(Mutant::ReadOnlyIsFailure) => {
-                let h = apply_raw(store, raw, Some(deadline)).await.1;
+                let h = store.apply_raw(raw, deadline).await;
                 Handled {
                     suspect_database: false,
                     releasable: false,
@@ -294,10 +295,10 @@ fn apply<'a>(
             Some(Mutant::LenientVersions) => {
                 let rewritten = std::str::from_utf8(raw).ok().and_then(whole_version);
                 let raw = rewritten.as_deref().map_or(raw, str::as_bytes);
-                apply_raw(store, raw, Some(deadline)).await.1
+                store.apply_raw(raw, deadline).await
             }
             Some(Mutant::ViewByTaskAlone) => {
-                let h = apply_raw(store, raw, Some(deadline)).await.1;
+                let h = store.apply_raw(raw, deadline).await;
                 if h.classification == Classification::Applied {
                     if let (Ok(event), Some(pool)) = (parse(raw, store.queue()), SPLIT_POOL.get()) {
                         // Names the task alone: every consumer's and queue's view of it.
@@ -318,7 +319,7 @@ fn apply<'a>(
                 h
             }
             Some(Mutant::UnconfirmedIsSuccess) => {
-                let h = apply_raw(store, raw, Some(deadline)).await.1;
+                let h = store.apply_raw(raw, deadline).await;
                 match h.classification {
                     Classification::CommitUnconfirmed => Handled {
                         classification: Classification::Applied,
@@ -330,7 +331,7 @@ fn apply<'a>(
             Some(Mutant::FloatNumbers) => {
                 let rewritten = std::str::from_utf8(raw).ok().and_then(through_f64_event);
                 let raw = rewritten.as_deref().map_or(raw, str::as_bytes);
-                apply_raw(store, raw, Some(deadline)).await.1
+                store.apply_raw(raw, deadline).await
             }
             Some(Mutant::AsReceived) => match parse(raw, store.queue()) {
                 Ok(event) => {
@@ -356,7 +357,7 @@ fn apply<'a>(
                     .ok()
                     .and_then(|r| with_queue(r, store.queue().as_str()));
                 let raw = rewritten.as_deref().map_or(raw, str::as_bytes);
-                apply_raw(store, raw, Some(deadline)).await.1
+                store.apply_raw(raw, deadline).await
             }
             Some(Mutant::LostUpdate) => match parse(raw, store.queue()) {
                 Ok(event) => {
@@ -385,7 +386,7 @@ fn apply<'a>(
                 Err(rejected) => rejected,
             },
             Some(Mutant::AcksRejected) => {
-                let h = apply_raw(store, raw, Some(deadline)).await.1;
+                let h = store.apply_raw(raw, deadline).await;
                 match h.classification {
                     Classification::Rejected(_) => Handled {
                         classification: Classification::Applied,
@@ -394,7 +395,7 @@ fn apply<'a>(
                     _ => h,
                 }
             }
-            _ => apply_raw(store, raw, Some(deadline)).await.1,
+            _ => store.apply_raw(raw, deadline).await,
         }
     })
 }
