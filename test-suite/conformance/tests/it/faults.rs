@@ -662,7 +662,12 @@ enum Kill {
 }
 
 const TASKS: usize = 8;
-const KILLS: usize = 20;
+const KILLS: usize = 21;
+
+/// Whether only a group's transaction reaches `point`.
+fn in_group(point: Barrier) -> bool {
+    matches!(point, Barrier::AfterInboxRows | Barrier::AfterViews)
+}
 
 /// The seed: `CRASH_LOOP_SEED` to replay one, else a new one from the clock.
 fn crash_loop_seed() -> u64 {
@@ -757,8 +762,9 @@ async fn produce(
     }
 }
 
-/// The seeded crash loop: 20 SIGKILLs, 16 at the four barriers (4 each, on the first or second
-/// pass) and 4 at random times, in a seeded order, over a stream of events for up to eight tasks (and one held back) with
+/// The seeded crash loop: 21 SIGKILLs, 17 at the six barriers that a delivery without a
+/// duplicate key reaches (4 at before_insert, 2 at each barrier inside a group, 3 at each other,
+/// on the first or second pass) and 4 at random times, in a seeded order, over a stream of events for up to eight tasks (and one held back) with
 /// duplicates and out-of-order versions, on 1-second leases. Then one normal consumer drains
 /// everything, and the receiver's tables must be exactly consistent with the platform.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -810,8 +816,8 @@ async fn crash_loop_of_twenty_kills_loses_nothing_and_applies_nothing_twice() {
     .await;
     first.sigkill();
 
-    // The other 19: 3 more at before_insert, 4 at each other barrier (on the first or second
-    // pass), 4 at random times; in a seeded order.
+    // The other 20: 3 more at before_insert, 2 at each barrier inside a group, 3 at each
+    // other barrier (on the first or second pass), 4 at random times; in a seeded order.
     let mut plan = Vec::new();
     // Not `before_verdict`: only a duplicate reaches it, and a round cannot count on making one
     // (the prune suite holds a process there).
@@ -819,7 +825,7 @@ async fn crash_loop_of_twenty_kills_loses_nothing_and_applies_nothing_twice() {
         .into_iter()
         .filter(|p| *p != Barrier::BeforeVerdict)
     {
-        for _ in 0..if point == Barrier::BeforeInsert { 3 } else { 4 } {
+        for _ in 0..if in_group(point) { 2 } else { 3 } {
             plan.push(Kill::At(point, 1 + rng.below(2)));
         }
     }
@@ -832,13 +838,21 @@ async fn crash_loop_of_twenty_kills_loses_nothing_and_applies_nothing_twice() {
     let mut tasks = Vec::new();
     let mut missed = Vec::new();
     for (round, kill) in plan.iter().enumerate() {
-        // Enough new events for a barrier armed at its second pass to be reached.
+        // Enough new events for a barrier armed at its second pass to be reached; for one
+        // inside a group, enough ready at once for a group to form (the first two deliveries
+        // go alone, one to each idle worker), all new, since a duplicate sends its group back
+        // to one event at a time before the inbox rows are in.
         let extra = match kill {
+            Kill::At(point, _) if in_group(*point) => 5,
             Kill::At(_, hit) => *hit,
             Kill::After(_) => 0,
         };
         for i in 0..1 + extra + rng.below(2) {
-            let fresh = matches!(kill, Kill::At(Barrier::BeforeCommit, hit) if i < *hit);
+            let fresh = match kill {
+                Kill::At(Barrier::BeforeCommit, hit) => i < *hit,
+                Kill::At(point, _) => in_group(*point),
+                Kill::After(_) => false,
+            };
             produce(&orbit, &client, &sub.id, &mut tasks, &mut rng, fresh).await;
         }
         match kill {
@@ -872,7 +886,7 @@ async fn crash_loop_of_twenty_kills_loses_nothing_and_applies_nothing_twice() {
     );
     assert!(
         missed.len() <= 5,
-        "seed {seed}: {} of 15 barrier kills never reached their barrier: the loop tested little",
+        "seed {seed}: {} of 16 barrier kills never reached their barrier: the loop tested little",
         missed.len()
     );
 

@@ -381,3 +381,134 @@ async fn concurrent_groups_over_the_same_tasks_end_at_the_highest_versions_witho
         applied
     );
 }
+
+/// A histogram's count, sum and `le="1.0"` bucket from a scrape's text.
+fn histogram(text: &str, name: &str) -> (f64, f64, f64) {
+    let sample = |line_start: &str| -> f64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(line_start))
+            .unwrap_or_else(|| panic!("no {line_start} in:\n{text}"))
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    (
+        sample(&format!("{name}_count ")),
+        sample(&format!("{name}_sum ")),
+        sample(&format!("{name}_bucket{{le=\"1.0\"}} ")),
+    )
+}
+
+/// A backlog of `tasks` cancelled tasks (two deliveries each), drained by one consumer with
+/// `group_max`; the group histogram's count, sum and single-delivery groups, and the
+/// consumer's log.
+async fn drain(tasks: usize, group_max: &str) -> ((f64, f64, f64), String) {
+    let (orbit, client, sub, mut env) = fixtures::subscribed_receiver(
+        &["--lease-seconds", "30"],
+        &["task.submitted", "task.cancelled"],
+    )
+    .await;
+    for _ in 0..tasks {
+        let task = client.submit_task(QUEUE, None).await.unwrap();
+        client.cancel_task(&task.id).await.unwrap();
+    }
+    env.push(("RECEIVER_CONCURRENCY", "16".into()));
+    env.push(("RECEIVER_GROUP_MAX", group_max.into()));
+    env.push(("RECEIVER_METRICS_LISTEN", "127.0.0.1:0".into()));
+    let consumer = fixtures::process::Consumer::normal(&env);
+    let addr = consumer.metrics_addr().await;
+    fixtures::all_acked(
+        &client,
+        &sub.id,
+        Some(2 * tasks),
+        std::time::Duration::from_secs(60),
+    )
+    .await;
+    let (status, text) = fixtures::http_raw(&addr, "GET", "/metrics", None, None);
+    assert_eq!(status, 200, "{text}");
+    let log = consumer.output();
+    consumer.stop().await;
+    drop(orbit);
+    (histogram(&text, "receiver_group_size"), log)
+}
+
+/// The log's lines of ACKed deliveries (applied, or stale when a task's cancellation came
+/// before its submission).
+fn acked_lines(log: &str) -> usize {
+    log.lines()
+        .filter(|l| {
+            l.contains(" delivery classification=applied ")
+                || l.contains(" delivery classification=stale ")
+        })
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consume_drains_a_backlog_in_groups_and_logs_and_acks_each_delivery() {
+    let ((groups, deliveries, singles), log) = drain(60, "16").await;
+    assert_eq!(
+        deliveries, 120.0,
+        "every delivery was applied in a group ({groups} groups)"
+    );
+    assert!(
+        groups < deliveries / 2.0 && singles < groups,
+        "{groups} groups of {deliveries} deliveries, {singles} of them alone: groups formed"
+    );
+    // One line per delivery, as without groups.
+    assert_eq!(acked_lines(&log), 120, "{log}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consume_with_a_group_size_of_one_applies_each_delivery_alone() {
+    let ((groups, deliveries, singles), log) = drain(10, "1").await;
+    // No group is formed at all: each delivery is its own transaction.
+    assert_eq!((groups, deliveries, singles), (0.0, 0.0, 0.0));
+    assert_eq!(acked_lines(&log), 20, "{log}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_process_killed_inside_a_group_loses_nothing_and_a_new_one_applies_each_event_once() {
+    use fixtures::process::{Barrier, Consumer};
+    use sqlx::Connection;
+    use std::time::Duration;
+    let (orbit, client, sub, mut env) = fixtures::subscribed_receiver(
+        &["--lease-seconds", "2"],
+        &["task.submitted", "task.cancelled"],
+    )
+    .await;
+    env.push(("RECEIVER_CONCURRENCY", "16".into()));
+    let mut tasks = Vec::new();
+    for point in [
+        Barrier::AfterInboxRows,
+        Barrier::AfterViews,
+        Barrier::BeforeCommit,
+    ] {
+        // A backlog of new events, so that groups form and none falls back on a duplicate.
+        for _ in 0..12 {
+            let task = client.submit_task(QUEUE, None).await.unwrap();
+            client.cancel_task(&task.id).await.unwrap();
+            tasks.push(task.id);
+        }
+        let mut c = Consumer::faulty(&env, &[(point, 1)]);
+        let hit = c.wait_barrier(point, Duration::from_secs(20)).await;
+        assert_eq!(hit.point, point);
+        let log = c.sigkill();
+        // Killed inside the transaction: the event held at the barrier has no line of a
+        // handled delivery.
+        let id = format!("event_id=\"{}\"", hit.key);
+        assert!(
+            !log.lines()
+                .any(|l| l.contains(&id) && l.contains(" delivery classification=")),
+            "{point}: the event held at the barrier was logged as handled:\n{log}"
+        );
+    }
+    let last = Consumer::normal(&env);
+    fixtures::all_acked(&client, &sub.id, None, Duration::from_secs(60)).await;
+    last.stop().await;
+    let mut admin = MySqlConnection::connect(orbit.db.admin_receiver_url().expose())
+        .await
+        .unwrap();
+    fixtures::check_ledger(&mut admin, &client, &sub.id, &tasks, "killed inside groups")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+}
