@@ -38,13 +38,16 @@
 //! - **One poison event costs only itself.** A duplicate, a conflict (the same version with
 //!   another event id), a view created meanwhile or a caller's write that fails rolls the
 //!   whole group back (nothing of it stays) and each event is then applied alone, in the
-//!   group's order, within its own deadline.
+//!   group's order, within its own deadline. After a duplicate, which a backlog of
+//!   redeliveries after a crash is full of, one read ([`recorded_ids`]) first sets the events
+//!   already recorded apart (they go alone and resolve as duplicates), and the rest try once
+//!   more as a group.
 //! - **COMMIT.** Only an OK to COMMIT confirms the group; without an answer every event of
 //!   it is [`ApplyError::CommitUnconfirmed`], resolved by identity on its redelivery. Under
 //!   [`crate::StoreOptions::require_replica_ack`] one read of the primary's status covers the
 //!   whole group.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use sqlx::{Executor, MySqlConnection, Row};
@@ -93,56 +96,40 @@ impl Store {
                 reasons: Retries::default(),
             });
         }
-        let group: Vec<Member<'_>> = ours.iter().map(|&i| members[i]).collect();
-        let bytes: usize = group.iter().map(|m| m.event.canonical().len()).sum();
         let mut fallback = None;
-        if group.len() == 1 {
-            let m = group[0];
-            results[ours[0]] = Some(self.apply_until(m.event, m.write, m.deadline).await);
-        } else if group.len() > 1 {
-            let (done, reasons) = if group.len() > GROUP_MAX_EVENTS || bytes > GROUP_MAX_BYTES {
-                (Ok(Done::Fallback(Fallback::TooLarge)), Retries::default())
-            } else {
-                let deadline = group.iter().filter_map(|m| m.deadline).min();
-                self.run(&Work::Group(&group), deadline).await
-            };
-            match done {
-                Ok(Done::Fallback(why)) => {
+        if let [one] = ours[..] {
+            let m = members[one];
+            results[one] = Some(self.apply_until(m.event, m.write, m.deadline).await);
+        } else if ours.len() > 1 {
+            let mut alone: Vec<usize> = Vec::new();
+            match self.try_group(members, &ours).await {
+                Ok(applied) => fill(&mut results, &ours, applied),
+                Err(Fallback::Duplicate) => {
+                    fallback = Some(Fallback::Duplicate);
+                    // After a crash most of a backlog may be redeliveries: the events already
+                    // recorded go alone (each resolves as a duplicate), and the rest try once
+                    // more as a group before they go alone too.
+                    let (rest, recorded) = self.split_recorded(members, &ours).await;
+                    alone = recorded;
+                    if rest.len() > 1 && !alone.is_empty() {
+                        match self.try_group(members, &rest).await {
+                            Ok(applied) => fill(&mut results, &rest, applied),
+                            Err(_) => alone.extend(rest),
+                        }
+                    } else {
+                        alone.extend(rest);
+                    }
+                }
+                Err(why) => {
                     fallback = Some(why);
-                    // One at a time, in the order the group judged them, each by its own
-                    // deadline.
-                    for k in self.order(&group) {
-                        let m = group[k];
-                        results[ours[k]] =
-                            Some(self.apply_until(m.event, m.write, m.deadline).await);
-                    }
+                    alone = ours.clone();
                 }
-                Ok(Done::Group {
-                    outcomes,
-                    replicated,
-                }) => {
-                    for (k, outcome) in outcomes.into_iter().enumerate() {
-                        results[ours[k]] = Some(Applied {
-                            result: if replicated {
-                                Ok(outcome)
-                            } else {
-                                Err(ApplyError::Unreplicated(outcome))
-                            },
-                            retries: reasons.total(),
-                            reasons,
-                        });
-                    }
-                }
-                Ok(Done::One(_)) => unreachable!("a group's run ends as a group"),
-                Err(e) => {
-                    for &i in &ours {
-                        results[i] = Some(Applied {
-                            result: Err(same_error(&e)),
-                            retries: reasons.total(),
-                            reasons,
-                        });
-                    }
-                }
+            }
+            // One at a time, in the order the group judged them, each by its own deadline.
+            let chosen: Vec<Member<'_>> = alone.iter().map(|&i| members[i]).collect();
+            for k in self.order(&chosen) {
+                let (i, m) = (alone[k], chosen[k]);
+                results[i] = Some(self.apply_until(m.event, m.write, m.deadline).await);
             }
         }
         GroupApplied {
@@ -152,6 +139,77 @@ impl Store {
                 .collect(),
             fallback,
         }
+    }
+
+    /// `members[which]` as one group: each one's answer, in `which`'s order, or why the group
+    /// must go another way (nothing of it stays).
+    async fn try_group(
+        &self,
+        members: &[Member<'_>],
+        which: &[usize],
+    ) -> Result<Vec<Applied>, Fallback> {
+        let group: Vec<Member<'_>> = which.iter().map(|&i| members[i]).collect();
+        let bytes: usize = group.iter().map(|m| m.event.canonical().len()).sum();
+        if group.len() > GROUP_MAX_EVENTS || bytes > GROUP_MAX_BYTES {
+            return Err(Fallback::TooLarge);
+        }
+        let deadline = group.iter().filter_map(|m| m.deadline).min();
+        let (done, reasons) = self.run(&Work::Group(&group), deadline).await;
+        let each = |result: Result<Outcome, ApplyError>| Applied {
+            result,
+            retries: reasons.total(),
+            reasons,
+        };
+        match done {
+            Ok(Done::Fallback(why)) => Err(why),
+            Ok(Done::Group {
+                outcomes,
+                replicated,
+            }) => Ok(outcomes
+                .into_iter()
+                .map(|o| {
+                    each(if replicated {
+                        Ok(o)
+                    } else {
+                        Err(ApplyError::Unreplicated(o))
+                    })
+                })
+                .collect()),
+            Ok(Done::One(_)) => unreachable!("a group's run ends as a group"),
+            Err(e) => Ok(group.iter().map(|_| each(Err(same_error(&e)))).collect()),
+        }
+    }
+
+    /// `which` split into the members to try again as a group (not recorded yet, each event
+    /// once) and those to apply alone (recorded already, or a second copy of an event). When
+    /// the inbox cannot be read, every member goes alone.
+    async fn split_recorded(
+        &self,
+        members: &[Member<'_>],
+        which: &[usize],
+    ) -> (Vec<usize>, Vec<usize>) {
+        let ids: Vec<&[u8]> = which
+            .iter()
+            .map(|&i| members[i].event.id().as_str().as_bytes())
+            .collect();
+        let sql = recorded_ids(ids.len());
+        let mut q = sqlx::query(&sql)
+            .bind(self.consumer().as_str().as_bytes())
+            .bind(self.queue().as_str().as_bytes());
+        for id in &ids {
+            q = q.bind(*id);
+        }
+        let Ok(Ok(rows)) = tokio::time::timeout(self.apply_timeout(), self.read_all(q)).await
+        else {
+            return (Vec::new(), which.to_vec());
+        };
+        let mut seen: BTreeSet<Vec<u8>> = rows
+            .iter()
+            .filter_map(|r| r.try_get::<Vec<u8>, _>(0).ok())
+            .collect();
+        which
+            .iter()
+            .partition(|&&i| seen.insert(members[i].event.id().as_str().as_bytes().to_vec()))
     }
 
     /// The order in which the group's events are judged: by task, then version (then
@@ -378,6 +436,13 @@ pub(crate) fn judge<'a>(
     Ok(Judged { outcomes, finals })
 }
 
+/// Every member's answer into its place.
+fn fill(results: &mut [Option<Applied>], which: &[usize], applied: Vec<Applied>) {
+    for (&i, a) in which.iter().zip(applied) {
+        results[i] = Some(a);
+    }
+}
+
 /// A group-wide error, for one member.
 fn same_error(e: &ApplyError) -> ApplyError {
     match e {
@@ -429,6 +494,15 @@ pub fn insert_inbox_rows(insert: &str, n: usize) -> String {
     format!(
         "{insert} VALUES {}",
         rows("(?, ?, ?, ?, ?, 1, UTC_TIMESTAMP(6))", n)
+    )
+}
+
+/// Which of `n` events (consumer, queue, then the event ids) the inbox holds, committed.
+pub fn recorded_ids(n: usize) -> String {
+    format!(
+        "SELECT event_id FROM receiver_inbox \
+         WHERE consumer_name = ? AND queue_id = ? AND event_id IN ({})",
+        rows("?", n)
     )
 }
 

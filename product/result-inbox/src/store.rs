@@ -824,6 +824,17 @@ impl Store {
         Ok(row)
     }
 
+    /// Runs one read of many rows on a store connection (not part of an apply).
+    pub(crate) async fn read_all(
+        &self,
+        query: sqlx::query::Query<'_, MySql, sqlx::mysql::MySqlArguments>,
+    ) -> Result<Vec<sqlx::mysql::MySqlRow>, StorageError> {
+        let mut conn = self.pool.acquire().await.map_err(storage)?;
+        let rows = query.fetch_all(conn.get()).await.map_err(storage)?;
+        conn.clean();
+        Ok(rows)
+    }
+
     /// The committed inbox record of `event`, if any.
     pub async fn inbox_record(&self, event: &EventId) -> Result<Option<InboxRecord>, StorageError> {
         let decode = |e: sqlx::Error| StorageError::from_sqlx(&e);

@@ -8,9 +8,10 @@
 //! may carry that variable and no suite directory may hold anything but empty directories;
 //! otherwise the run fails, naming what was left (and removes it). The suites' logs go to
 //! `target/integration-logs/`; a failed suite's log is also printed. A variant runs a suite's
-//! tests again under a name of its own with one `testdb` variable set (`storage-tls`: the
-//! storage suite on a server that speaks only TLS; `storage-encrypted`: on a server that
-//! encrypts at rest).
+//! tests again under a name of its own with one variable set (`storage-tls`: the storage suite
+//! on a server that speaks only TLS; `storage-encrypted`: on a server that encrypts at rest;
+//! `faults-ungrouped` and `outage-ungrouped`: with every receiver applying one delivery per
+//! transaction), and fails when its log does not show that the variable took effect.
 //!
 //! Options: `--jobs N` (suites at once; default 3), `--only SUITE[,SUITE…]`, `--containers`,
 //! and after `--` arguments for every test process (e.g. `-- --include-ignored`).
@@ -113,11 +114,20 @@ struct Variant {
     name: &'static str,
     suite: &'static str,
     variable: &'static str,
-    /// What the description of every server the variant had must contain: a variant that got a
-    /// plain server would prove nothing.
-    mark: &'static str,
-    /// What such servers are, for the error.
-    kind: &'static str,
+    /// How its log shows that the variable took effect: a variant that ran as the suite does
+    /// would prove nothing.
+    proof: Proof,
+}
+
+/// What a variant's log must show.
+enum Proof {
+    /// The description of every server it had contains `mark`; `kind` names such servers.
+    Servers {
+        mark: &'static str,
+        kind: &'static str,
+    },
+    /// This line.
+    Line(&'static str),
 }
 
 /// `storage-tls` is the storage suite with every connection over verified TLS to a server that
@@ -128,15 +138,31 @@ const VARIANTS: &[Variant] = &[
         name: "storage-tls",
         suite: "storage",
         variable: testdb::TESTDB_TLS,
-        mark: "TLS only",
-        kind: "TLS-only servers",
+        proof: Proof::Servers {
+            mark: "TLS only",
+            kind: "TLS-only servers",
+        },
     },
     Variant {
         name: "storage-encrypted",
         suite: "storage",
         variable: testdb::TESTDB_ENCRYPTED,
-        mark: testdb::ENCRYPTED_NOTE,
-        kind: "servers encrypted at rest",
+        proof: Proof::Servers {
+            mark: testdb::ENCRYPTED_NOTE,
+            kind: "servers encrypted at rest",
+        },
+    },
+    Variant {
+        name: "faults-ungrouped",
+        suite: "faults",
+        variable: fixtures::UNGROUPED,
+        proof: Proof::Line(fixtures::UNGROUPED_NOTE),
+    },
+    Variant {
+        name: "outage-ungrouped",
+        suite: "outage",
+        variable: fixtures::UNGROUPED,
+        proof: Proof::Line(fixtures::UNGROUPED_NOTE),
     },
 ];
 
@@ -360,15 +386,21 @@ fn run_suite(run: &Run, suite: &str, tests: &[String]) -> Outcome {
     if let Err(e) = &result {
         eprintln!("integration: cannot run suite {suite}: {e}");
     }
-    // A variant that got a plain server would prove nothing: every server it had must be of
-    // its kind.
+    // A variant whose variable did not take effect would prove nothing.
     for v in VARIANTS.iter().filter(|v| v.name == suite) {
-        if servers.is_empty() || servers.iter().any(|s| !s.contains(v.mark)) {
-            eprintln!(
-                "integration: suite {suite} must run on {}; it had: {servers:?}",
-                v.kind
-            );
-            ok = false;
+        match v.proof {
+            Proof::Servers { mark, kind } => {
+                if servers.is_empty() || servers.iter().any(|s| !s.contains(mark)) {
+                    eprintln!("integration: suite {suite} must run on {kind}; it had: {servers:?}");
+                    ok = false;
+                }
+            }
+            Proof::Line(line) => {
+                if !text.lines().any(|l| l == line) {
+                    eprintln!("integration: suite {suite}'s log must say {line:?}; it does not");
+                    ok = false;
+                }
+            }
         }
     }
     Outcome {

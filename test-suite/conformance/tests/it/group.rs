@@ -323,6 +323,31 @@ async fn a_group_of_sixteen_costs_at_most_half_a_round_trip_and_a_sixteenth_of_a
     );
     assert_eq!(commits, 1, "one commit for the group");
     assert_eq!(c[2] - b[2], 0, "no rollback");
+
+    // Four of sixteen recorded already (redeliveries): the group rolls back, the four resolve
+    // alone as duplicates, and the other twelve commit as one group, not one by one.
+    let mut again: Vec<TaskEvent> = shape("r");
+    again[..4].clone_from_slice(&events[..4]);
+    let d = counters(&mut admin).await;
+    let (answers, fallback) = group(&store, &again).await;
+    let e = counters(&mut admin).await;
+    assert_eq!(fallback, Some(Fallback::Duplicate));
+    assert_eq!(
+        &answers[..5],
+        [
+            "duplicate:false",
+            "duplicate:false",
+            "duplicate:true",
+            "duplicate:true",
+            "applied"
+        ]
+    );
+    assert_eq!(e[1] - d[1], 1, "the twelve new events commit in one group");
+    assert_eq!(
+        e[2] - d[2],
+        1 + 4,
+        "the first try and each duplicate roll back"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -511,4 +536,41 @@ async fn a_process_killed_inside_a_group_loses_nothing_and_a_new_one_applies_eac
     fixtures::check_ledger(&mut admin, &client, &sub.id, &tasks, "killed inside groups")
         .await
         .unwrap_or_else(|e| panic!("{e}"));
+}
+
+#[tokio::test]
+async fn a_group_whose_commit_ok_is_lost_is_unconfirmed_whole_and_resolved_event_by_event() {
+    use commit_proxy::{Action, RuleSpec};
+    let rdb = ReceiverDb::new().await;
+    let proxy = rdb.proxy().await;
+    let proxied = rdb.store_via(proxy.local_addr()).await;
+    let events: Vec<TaskEvent> = (0..6)
+        .map(|i| EventSpec::cancelled(&format!("e-lost{i}"), &format!("task-lost{i}"), 1).event())
+        .collect();
+    let rule = proxy
+        .arm(RuleSpec::new(Action::DropCommitOk).once())
+        .unwrap();
+    let (answers, fallback) = group(&proxied, &events).await;
+    assert_eq!(fallback, None);
+    assert_eq!(answers, vec!["commit_unconfirmed"; 6]);
+    let fired = rule
+        .fired_within(std::time::Duration::from_secs(5))
+        .await
+        .expect("the rule fired");
+    assert_eq!((fired.statement, fired.reply), ("commit", "ok"));
+    // The server committed the group; each event's redelivery finds it, one at a time or as
+    // a group again, and applies nothing twice.
+    let fresh = rdb.store().await;
+    assert_eq!(
+        fresh.apply(&events[0]).await.unwrap(),
+        Outcome::Duplicate { applied: true }
+    );
+    let (answers, fallback) = group(&fresh, &events[1..]).await;
+    assert_eq!(fallback, Some(Fallback::Duplicate));
+    assert_eq!(answers, vec!["duplicate:true"; 5]);
+    assert_eq!(
+        rdb.scalar("SELECT CAST(SUM(applied_events) AS SIGNED) FROM receiver_task_views")
+            .await,
+        6
+    );
 }
