@@ -28,7 +28,8 @@
 //!   them in version order ([`judge`]), exactly as one apply after another would judge them.
 //!   A view that did not exist is created with a plain `INSERT`: if another transaction
 //!   created it meanwhile, the insert fails and the group falls back
-//!   ([`Fallback::ViewRace`]) instead of writing over what it did not read. The advance still
+//!   ([`Fallback::ViewRace`]) instead of writing over what it did not read (once, after a
+//!   first try that met such a view, which the second try then locks and advances). The advance still
 //!   carries the one-event upsert's guard (only a higher version moves a view), and each
 //!   statement's row count is checked against what the judgement expects.
 //! - **No deadlock between groups.** Inbox rows, view locks and created views are each taken
@@ -102,7 +103,13 @@ impl Store {
             results[one] = Some(self.apply_until(m.event, m.write, m.deadline).await);
         } else if ours.len() > 1 {
             let mut alone: Vec<usize> = Vec::new();
-            match self.try_group(members, &ours).await {
+            let mut tried = self.try_group(members, &ours).await;
+            if matches!(tried, Err(Fallback::ViewRace)) {
+                // Another transaction created a view this group meant to create, and has
+                // committed it: the group's next try locks and advances it instead.
+                tried = self.try_group(members, &ours).await;
+            }
+            match tried {
                 Ok(applied) => fill(&mut results, &ours, applied),
                 Err(Fallback::Duplicate) => {
                     fallback = Some(Fallback::Duplicate);
