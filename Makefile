@@ -107,6 +107,7 @@ demo: deps build ## The whole demo: temporary MySQL, orbit-dev, receiver init an
 bench: deps ## All benchmarks, quick mode (about five minutes): canonicalise, apply, backlog drain, proxy relay
 	$(CARGO) bench -p result-inbox --bench canonical
 	$(CARGO) bench -p conformance --bench apply
+	$(CARGO) bench -p conformance --bench group
 	$(CARGO) build --release -p orbit-dev -p receiver --bins
 	$(CARGO) bench -p conformance --bench drain
 	$(CARGO) bench -p commit-proxy --bench relay

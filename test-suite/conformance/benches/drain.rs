@@ -7,10 +7,12 @@
 //!
 //! Run with `make bench` (or `cargo build --release --bins && cargo bench -p conformance
 //! --bench drain`). One run drains three backlogs, each on a platform and server of its own:
-//! 2,000 deliveries at concurrency 4 (consume's default) and 16, and 20,000 at 16, whose rate
+//! 2,000 deliveries at concurrency 4 (consume's default) and 16 (twice), and 20,000 at 16, whose rate
 //! against the 2,000's shows whether a delivery's cost grows with the backlog.
-//! `DRAIN_BENCH_RUNS=2000@4,20000@16` picks others (deliveries, a multiple of 4, @ the
-//! concurrency of both the consume and the direct run). After each drain the ledger is checked
+//! The 2,000 at 16 run twice, with consume's default group size and with one delivery a
+//! transaction (`RECEIVER_GROUP_MAX=1`). `DRAIN_BENCH_RUNS=2000@4,20000@16/1` picks others
+//! (deliveries, a multiple of 4, @ the concurrency of both the consume and the direct run,
+//! optionally / the group size). After each drain the ledger is checked
 //! (every event one inbox row, views at the top version, `applied_events` right).
 //!
 //! The drain is watched by asking the platform's database every 100 ms whether one delivery is
@@ -27,15 +29,19 @@ use sqlx::MySqlConnection;
 
 fn main() {
     #[allow(clippy::disallowed_methods)] // a bench knob, not receiver configuration
-    let runs =
-        std::env::var("DRAIN_BENCH_RUNS").unwrap_or_else(|_| "2000@4,2000@16,20000@16".into());
-    let runs: Vec<(usize, usize)> = runs
+    let runs = std::env::var("DRAIN_BENCH_RUNS")
+        .unwrap_or_else(|_| "2000@4,2000@16/1,2000@16,20000@16".into());
+    let runs: Vec<(usize, usize, Option<usize>)> = runs
         .split(',')
         .map(|r| {
+            let (r, group) = match r.split_once('/') {
+                Some((r, g)) => (r, g.trim().parse().ok()),
+                None => (r, None),
+            };
             let parsed = r.split_once('@').and_then(|(n, c)| Some((n.trim().parse().ok()?, c.trim().parse().ok()?)));
             match parsed {
-                Some((n, c)) if n % 4 == 0 && n > 0 && c > 0 => (n, c),
-                _ => panic!("DRAIN_BENCH_RUNS: {r:?} is not DELIVERIES@CONCURRENCY (deliveries a multiple of 4)"),
+                Some((n, c)) if n % 4 == 0 && n > 0 && c > 0 => (n, c, group),
+                _ => panic!("DRAIN_BENCH_RUNS: {r:?} is not DELIVERIES@CONCURRENCY[/GROUP] (deliveries a multiple of 4)"),
             }
         })
         .collect();
@@ -45,21 +51,25 @@ fn main() {
         .build()
         .unwrap();
     let mut results = Vec::new();
-    for (deliveries, concurrency) in runs {
-        results.push(rt.block_on(drain(deliveries / 4, concurrency)));
+    for (deliveries, concurrency, group) in runs {
+        results.push(rt.block_on(drain(deliveries / 4, concurrency, group)));
     }
     println!();
     println!("drain bench summary (events/s; per delivery from the server's counters):");
-    println!("| deliveries | concurrency | consume | direct | consume ÷ direct | platform statements | platform commits | platform fsyncs | platform rows read | ledger |");
-    println!("|---|---|---|---|---|---|---|---|---|---|");
+    println!("| deliveries | concurrency | group max | consume | direct | consume ÷ direct | receiver CPU ms | drain statements | drain commits | platform statements | platform commits | platform fsyncs | platform rows read | ledger |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for r in &results {
         println!(
-            "| {} | {} | {:.0} | {:.0} | {:.2} | {:.1} | {:.2} | {:.2} | {:.0} | {} |",
+            "| {} | {} | {} | {:.0} | {:.0} | {:.2} | {:.3} | {:.2} | {:.3} | {:.1} | {:.2} | {:.2} | {:.0} | {} |",
             r.deliveries,
             r.concurrency,
+            r.group.map_or("default".to_owned(), |g| g.to_string()),
             r.drain_rate,
             r.direct_rate,
             r.drain_rate / r.direct_rate,
+            r.receiver_cpu_ms,
+            r.drain_statements,
+            r.drain_commits,
             r.platform.statements,
             r.platform.commits,
             r.platform.fsyncs,
@@ -67,9 +77,23 @@ fn main() {
             r.ledger
         );
     }
+    for grouped in results.iter().filter(|r| r.group != Some(1)) {
+        for alone in results.iter().filter(|r| r.group == Some(1)) {
+            if (grouped.deliveries, grouped.concurrency) == (alone.deliveries, alone.concurrency) {
+                println!(
+                    "  consume grouped ÷ one delivery a transaction, {} at concurrency {}: {:.2}",
+                    grouped.deliveries,
+                    grouped.concurrency,
+                    grouped.drain_rate / alone.drain_rate
+                );
+            }
+        }
+    }
     for big in &results {
         for small in &results {
-            if big.concurrency == small.concurrency && big.deliveries > small.deliveries {
+            if (big.concurrency, big.group) == (small.concurrency, small.group)
+                && big.deliveries > small.deliveries
+            {
                 println!(
                     "  backlog {} ÷ backlog {} at concurrency {}: {:.2}",
                     big.deliveries,
@@ -86,6 +110,14 @@ fn main() {
 struct Run {
     deliveries: usize,
     concurrency: usize,
+    /// `RECEIVER_GROUP_MAX`, when the run set one.
+    group: Option<usize>,
+    /// The receiver's CPU time per delivery, in ms.
+    receiver_cpu_ms: f64,
+    /// Statements and commits per delivery during the drain (the platform's and the
+    /// receiver's together).
+    drain_statements: f64,
+    drain_commits: f64,
     drain_rate: f64,
     direct_rate: f64,
     /// The platform's share per delivery (the drain's counts less the direct run's).
@@ -94,7 +126,7 @@ struct Run {
     ledger: String,
 }
 
-async fn drain(tasks: usize, concurrency: usize) -> Run {
+async fn drain(tasks: usize, concurrency: usize, group: Option<usize>) -> Run {
     let (orbit, client, sub, mut env) = subscribed_receiver(
         &["--enable-fault-api", "--window", "10000"],
         fixtures::load::LOAD_TYPES,
@@ -112,6 +144,9 @@ async fn drain(tasks: usize, concurrency: usize) -> Run {
 
     // The drain: from the consumer's "consuming" line to every delivery ACKED.
     env.push(("RECEIVER_CONCURRENCY", concurrency.to_string()));
+    if let Some(group) = group {
+        env.push(("RECEIVER_GROUP_MAX", group.to_string()));
+    }
     let consumer = Consumer::normal(&env);
     while !consumer.output().contains("consuming") {
         tokio::time::sleep(Duration::from_millis(5)).await;
@@ -286,6 +321,10 @@ async fn drain(tasks: usize, concurrency: usize) -> Run {
     Run {
         deliveries,
         concurrency,
+        group,
+        receiver_cpu_ms: ms(cpu.procs[0]),
+        drain_statements: all.statements,
+        drain_commits: all.commits,
         drain_rate,
         direct_rate,
         platform: platform_share,
