@@ -130,6 +130,10 @@ async fn the_configured_concurrency_is_how_many_deliveries_consume_holds() {
         cancelled_task(&client).await;
     }
     env.push(("RECEIVER_CONCURRENCY", "2".to_owned()));
+    // One delivery a transaction: a barrier inside a group holds the whole group, so that two
+    // deliveries arriving together would make one hit, not two. The kit's credit-bound case
+    // bounds what consume holds with groups on.
+    env.push(("RECEIVER_GROUP_MAX", "1".to_owned()));
     let consumer = Consumer::faulty(
         &env,
         &[
