@@ -109,6 +109,19 @@ const NO_SERVER: &[(&str, &str)] = &[(
     "its tests install files and read the docs; its walkthrough runs on a clean container after the suites",
 )];
 
+/// On the container run: variants that change the receiver, not the server, and why; `make
+/// integration` runs them, and the backend would add nothing to what they prove.
+const SETTING_ONLY: &[(&str, &str)] = &[
+    (
+        "faults-ungrouped",
+        "the faults suite with one delivery a transaction: a setting of the receiver, proved on local servers",
+    ),
+    (
+        "outage-ungrouped",
+        "the outage suite with one delivery a transaction: a setting of the receiver, proved on local servers",
+    ),
+];
+
 /// A suite run a second time, under a name of its own, with one variable set.
 struct Variant {
     name: &'static str,
@@ -416,8 +429,13 @@ fn run_suite(run: &Run, suite: &str, tests: &[String]) -> Outcome {
     }
 }
 
-/// On the container run: why a suite needs a local server for some of its tests, if it does.
+/// On the container run: why a suite (or the suite a variant runs again) needs a local server
+/// for some of its tests, if it does.
 fn partly_local(suite: &str) -> Option<&'static str> {
+    let suite = VARIANTS
+        .iter()
+        .find(|v| v.name == suite)
+        .map_or(suite, |v| v.suite);
     PARTLY_LOCAL
         .iter()
         .find(|(name, _)| *name == suite)
@@ -581,6 +599,11 @@ fn plan(options: Options) -> Result<Plan, String> {
                 NO_SERVER
                     .iter()
                     .map(|(suite, why)| (*suite, "starts no server", *why)),
+            )
+            .chain(
+                SETTING_ONLY
+                    .iter()
+                    .map(|(suite, why)| (*suite, "a receiver setting", *why)),
             );
         for (suite, needs, why) in skipped {
             if let Some(tests) = suites.remove(suite) {
@@ -836,6 +859,14 @@ mod tests {
         let (column, wrong) = servers_had(&outcome("storage", &[]));
         assert_eq!(column, "none");
         assert!(wrong.is_some());
+    }
+
+    #[test]
+    fn a_variant_may_have_a_local_server_where_its_suite_may() {
+        let (_, wrong) = servers_had(&outcome("faults-ungrouped", &[CONTAINER, LOCAL]));
+        assert_eq!(wrong, None);
+        assert_eq!(partly_local("outage-ungrouped"), partly_local("outage"));
+        assert!(partly_local("storage").is_none());
     }
 
     #[test]
