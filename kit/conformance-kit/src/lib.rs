@@ -180,6 +180,7 @@ registry! {
     VersionOrder => ("version-order", Must, "R-STORE-6", "versions whose text order is not their order (9 and 10, 99 and 100) and versions around 2^53 and 2^63 up to 2^64-1, each pair in both arrival orders: every view at the higher", version_order),
     DuplicateOriginals => ("duplicate-originals", Must, "R-STORE-4 R-STORE-12", "duplicates and same-id conflicts of an applied original, one recorded stale, and one recorded again after a prune: duplicates ACKed, conflicts never, records and views unchanged", duplicate_originals),
     PrunedRedelivery => ("pruned-redelivery", Should, "R-STORE-12", "an applied event's inbox row deleted as a prune would, then the event delivered again: ACKed, the view and applied_events unmoved", pruned_redelivery),
+    MixedBacklog => ("mixed-backlog", Must, "R-STORE-6 R-STORE-4", "a backlog taken at a concurrency of 16: three versions of a task newest first, redeliveries beside new versions of their tasks, two event ids for one version: every view at its highest, applied_events as its inbox rows say, of each pair one ACKed and recorded and the other never", mixed_backlog),
     ConcurrentVersions => ("concurrent-versions", Must, "R-STORE-6 R-STORE-4", "every statement on the view answered 200 ms late, so that overlapping applies of one task overlap across read and write: 8 views meeting v5, v4, v3 at once, 8 new tasks whose first three versions come at once, 8 first events delivered twice at once: every view at the highest, each event applied once", concurrent_versions),
     SameIdOtherContent => ("same-id-other-content", Must, "R-STORE-2 R-STORE-4", "an event with an applied event's id and other content: never ACKed, the stored record unchanged", same_id_other_content),
     SameVersionOtherId => ("same-version-other-id", Must, "R-STORE-6", "another event id for a version already applied: never ACKed, rolled back (no inbox row)", same_version_other_id),
@@ -315,6 +316,16 @@ pub const MUTANTS: &[(Mutant, CaseId, &str)] = &[
         Mutant::ClosesWithoutKill,
         CaseId::AbandonedCommit,
         "R-CLI-6",
+    ),
+    (
+        Mutant::GroupInArrivalOrder,
+        CaseId::MixedBacklog,
+        "R-STORE-6",
+    ),
+    (
+        Mutant::AcksPartlyCommittedGroup,
+        CaseId::MixedBacklog,
+        "R-STORE-6",
     ),
 ];
 

@@ -57,7 +57,7 @@ use crate::error::{mysql_number, ApplyError, Conflict, StorageError, ER_DUP_ENTR
 use crate::event::{Rejection, TaskEvent};
 use crate::outcome::Outcome;
 use crate::seam::{self, Point};
-use crate::statements::GroupOrder;
+use crate::statements::GroupRule;
 use crate::store::{Applied, Retries, Store};
 use crate::work::{Done, GroupStep, Receipt, Work};
 pub use crate::work::{Fallback, Member};
@@ -120,7 +120,12 @@ impl Store {
                     alone = recorded;
                     if rest.len() > 1 && !alone.is_empty() {
                         match self.try_group(members, &rest).await {
-                            Ok(applied) => fill(&mut results, &rest, applied),
+                            Ok(applied) => {
+                                fill(&mut results, &rest, applied);
+                                if self.statements().group_rule == GroupRule::RestTwice {
+                                    alone.extend(rest);
+                                }
+                            }
                             Err(_) => alone.extend(rest),
                         }
                     } else {
@@ -137,6 +142,9 @@ impl Store {
             for k in self.order(&chosen) {
                 let (i, m) = (alone[k], chosen[k]);
                 results[i] = Some(self.apply_until(m.event, m.write, m.deadline).await);
+            }
+            if self.statements().group_rule == GroupRule::AnswersAsCommitted {
+                answer_as_committed(&mut results);
             }
         }
         GroupApplied {
@@ -223,7 +231,7 @@ impl Store {
     /// arrival), as if applied one after another oldest first.
     fn order(&self, group: &[Member<'_>]) -> Vec<usize> {
         let mut order: Vec<usize> = (0..group.len()).collect();
-        if self.statements().group_order == GroupOrder::Version {
+        if self.statements().group_rule != GroupRule::ArrivalOrder {
             order.sort_by(|&a, &b| {
                 let (x, y) = (group[a].event, group[b].event);
                 (x.task().as_str().as_bytes(), x.version(), a).cmp(&(
@@ -305,7 +313,8 @@ impl Store {
         }
 
         let order = self.order(members);
-        let judged = match judge(members, &order, &held) {
+        let running = statements.group_rule != GroupRule::ArrivalOrder;
+        let judged = match judge(members, &order, &held, running) {
             Ok(judged) => judged,
             Err(_conflict) => return Ok(GroupStep::Fallback(Fallback::Conflict)),
         };
@@ -402,13 +411,14 @@ pub(crate) struct Judged<'a> {
 }
 
 /// Judges the members in `order` against `held`, each against the view as the ones before it
-/// left it: a higher version applies, a lower one is stale, the same version and event id is
-/// stale (its inbox row was pruned: history only), the same version with another event id is
-/// a conflict.
+/// left it (`running`; otherwise, only in a mutant store, against the view as locked): a
+/// higher version applies, a lower one is stale, the same version and event id is stale (its
+/// inbox row was pruned: history only), the same version with another event id is a conflict.
 pub(crate) fn judge<'a>(
     members: &'a [Member<'a>],
     order: &[usize],
     held: &BTreeMap<Vec<u8>, View>,
+    running: bool,
 ) -> Result<Judged<'a>, Conflict> {
     let mut now: BTreeMap<&[u8], (u64, &[u8])> = BTreeMap::new();
     let mut outcomes = vec![Outcome::Stale; members.len()];
@@ -420,6 +430,7 @@ pub(crate) fn judge<'a>(
         let current = now
             .get(task)
             .copied()
+            .filter(|_| running)
             .or_else(|| held.get(task).map(|v| (v.version, v.event_id.as_slice())));
         let applies = match current {
             None => true,
@@ -441,6 +452,19 @@ pub(crate) fn judge<'a>(
         }
     }
     Ok(Judged { outcomes, finals })
+}
+
+/// [`GroupRule::AnswersAsCommitted`] (only a mutant store): once one member committed, every
+/// member that did not is answered applied.
+fn answer_as_committed(results: &mut [Option<Applied>]) {
+    let committed = |r: &Option<Applied>| r.as_ref().is_some_and(|a| a.result.is_ok());
+    if results.iter().any(committed) {
+        for r in results.iter_mut().flatten() {
+            if r.result.is_err() {
+                r.result = Ok(Outcome::Applied);
+            }
+        }
+    }
 }
 
 /// Every member's answer into its place.

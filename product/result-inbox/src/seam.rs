@@ -62,7 +62,7 @@ mod installed {
 
     use super::Point;
     use crate::event::TaskEvent;
-    pub use crate::statements::GroupOrder;
+    pub use crate::statements::GroupRule;
     use crate::statements::Statements;
     use canonical_form::Digest;
 
@@ -89,8 +89,8 @@ mod installed {
         pub read_verdict: &'static str,
         /// The head of a group's inbox `INSERT`, up to its `VALUES`.
         pub insert_inbox_rows: &'static str,
-        /// The order in which a group's events are judged.
-        pub group_order: GroupOrder,
+        /// How a group is applied.
+        pub group_rule: GroupRule,
         /// `None` leaves the server's own time zone.
         pub time_zone: Option<&'static str>,
         /// Whether the health check reads `@@global.read_only`.
@@ -108,7 +108,7 @@ mod installed {
                 upsert_view: s.upsert_view,
                 read_verdict: s.read_verdict,
                 insert_inbox_rows: s.insert_inbox_rows,
-                group_order: s.group_order,
+                group_rule: s.group_rule,
                 time_zone: s.time_zone,
                 probe_read_only: s.probe_read_only,
                 kill_abandoned: s.kill_abandoned,
@@ -124,7 +124,7 @@ mod installed {
                 upsert_view: table.upsert_view,
                 read_verdict: table.read_verdict,
                 insert_inbox_rows: table.insert_inbox_rows,
-                group_order: table.group_order,
+                group_rule: table.group_rule,
                 time_zone: table.time_zone,
                 probe_read_only: table.probe_read_only,
                 kill_abandoned: table.kill_abandoned,

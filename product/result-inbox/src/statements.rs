@@ -82,14 +82,23 @@ pub const READ_VERDICT: &str =
 /// `crate::group::insert_inbox_rows`).
 pub const INSERT_INBOX_HEAD: &str = inbox_head!();
 
-/// The order in which a group's events are judged against their views.
+/// How a group is applied: as documented ([`GroupRule::Standard`]), or, only in a test build's
+/// mutant store, with one of the group's own rules broken.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum GroupOrder {
-    /// By task, then version: as if applied one after another, oldest first.
-    Version,
-    /// As they came (only a mutant: an older version that arrives later is stale, not
-    /// applied before the newer one).
-    Arrival,
+pub enum GroupRule {
+    /// Judged by task, then version, each event against the view as the ones before it left
+    /// it; each event keeps its own answer.
+    Standard,
+    /// Judged as the events came, each against the view as locked, not as the group's
+    /// earlier events left it: the view ends at the last event to arrive, not the highest.
+    ArrivalOrder,
+    /// Once a group has fallen back and one of its events committed, every event of the group
+    /// is answered applied, those that did not commit (a conflict, an unanswered COMMIT)
+    /// included.
+    AnswersAsCommitted,
+    /// After a duplicate, the rest that committed as a group are applied once more, each
+    /// alone, and the second answers (duplicates) stand.
+    RestTwice,
 }
 
 /// The statements of one apply and the session they run in: one value a store is built with.
@@ -103,8 +112,8 @@ pub struct Statements {
     pub(crate) read_verdict: &'static str,
     /// The head of a group's inbox `INSERT`.
     pub(crate) insert_inbox_rows: &'static str,
-    /// The order in which a group's events are judged.
-    pub(crate) group_order: GroupOrder,
+    /// How a group is applied.
+    pub(crate) group_rule: GroupRule,
     /// `None` leaves the server's own time zone.
     pub(crate) time_zone: Option<&'static str>,
     /// Whether the health check reads `@@global.read_only` (a read-only server is an outage).
@@ -120,7 +129,7 @@ impl Statements {
         upsert_view: UPSERT_VIEW,
         read_verdict: READ_VERDICT,
         insert_inbox_rows: INSERT_INBOX_HEAD,
-        group_order: GroupOrder::Version,
+        group_rule: GroupRule::Standard,
         time_zone: Some(SESSION_TIME_ZONE),
         probe_read_only: true,
         kill_abandoned: true,

@@ -210,11 +210,23 @@ pub enum Mutant {
     /// a COMMIT held on its way keeps the transaction and its row locks open, and the
     /// redelivery waits behind them (R-CLI-6; the contract's Deadlines).
     ClosesWithoutKill,
+    /// A group's events are judged as they came, each against its view as locked: of three
+    /// versions of a task that arrive newest first in one group, the oldest is written last
+    /// and the view ends below a version that was ACKed (R-STORE-6). One at a time it behaves.
+    GroupInArrivalOrder,
+    /// Once a group has fallen back to one event at a time and one of its events committed,
+    /// every event of the group is ACKed, a conflict among them included (R-STORE-6). A
+    /// group that commits whole behaves.
+    AcksPartlyCommittedGroup,
+    /// After a duplicate split a group, the rest is applied as a group and then once more
+    /// each alone, and the second answers stand: first receipts are reported as duplicates
+    /// (the receiver's own account; nothing in the tables differs).
+    FallbackAppliesTwice,
 }
 
 impl Mutant {
     /// Every mutant, in the order the kit reports them.
-    pub const ALL: [Mutant; 44] = [
+    pub const ALL: [Mutant; 47] = [
         Mutant::AckBeforeCommit,
         Mutant::InsertIgnore,
         Mutant::NoDigestCompare,
@@ -259,6 +271,9 @@ impl Mutant {
         Mutant::ProbeGivesUp,
         Mutant::CreditOnReceipt,
         Mutant::ClosesWithoutKill,
+        Mutant::GroupInArrivalOrder,
+        Mutant::AcksPartlyCommittedGroup,
+        Mutant::FallbackAppliesTwice,
     ];
 
     /// The name `RECEIVER_MUTANT` takes.
@@ -308,7 +323,17 @@ impl Mutant {
             Mutant::ProbeGivesUp => "probe-gives-up",
             Mutant::CreditOnReceipt => "credit-on-receipt",
             Mutant::ClosesWithoutKill => "closes-without-kill",
+            Mutant::GroupInArrivalOrder => "group-in-arrival-order",
+            Mutant::AcksPartlyCommittedGroup => "acks-partly-committed-group",
+            Mutant::FallbackAppliesTwice => "fallback-applies-twice",
         }
+    }
+
+    /// Whether the conformance kit is where this mutant is caught (a receiver's tables and
+    /// ACKs show it). The others break only our receiver's own account of each delivery,
+    /// which no receiver written elsewhere shares: the `group` suite catches them.
+    pub fn in_kit(self) -> bool {
+        !matches!(self, Mutant::FallbackAppliesTwice)
     }
 
     /// The mutant named `name`, if any.

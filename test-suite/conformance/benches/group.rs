@@ -10,13 +10,25 @@
 //!
 //! Each configuration applies `GROUP_BENCH_EVENTS` new events (3,200 by default), a third of
 //! them a higher version of a task already there, by `concurrency` appliers each taking the
-//! next `group` events at once. Run with `make bench` (or `cargo bench -p conformance --bench
-//! group`).
+//! next `group` events at once.
+//!
+//! Then the path users run: the release `receiver consume` at concurrency 16 drains a backlog
+//! (`fixtures::load`, `GROUP_BENCH_DRAIN` deliveries, 6,000 by default) from a real
+//! `orbit-dev` whose database is on a server of its own, into a fresh database on the durable
+//! server, which only the receiver uses; with `RECEIVER_GROUP_MAX=1` and with the default, in
+//! the same run. Each drain's events a second, apply time p50 and p99 (each delivery's
+//! `duration_ms`), the server's counters and CPU time per event, the receiver's and the
+//! platform's CPU time per event, and the ledger. Then the same at low load: 100 deliveries a
+//! second for 20 seconds, against a receiver that waits for each.
+//!
+//! Run with `make bench` (or `cargo build --release --bins && cargo bench -p conformance
+//! --bench group`).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use fixtures::process::Consumer;
 use result_inbox::store::NoWrite;
 use result_inbox::{ConsumerName, Dsn, Member, QueueId, Store, StoreOptions, TaskEvent};
 use sqlx::{Connection, MySqlConnection, Row};
@@ -167,7 +179,149 @@ async fn run(
     }
 }
 
+/// One drain by `receiver consume`.
+struct Drained {
+    group: usize,
+    deliveries: usize,
+    per_second: f64,
+    apply_ms: Vec<u64>,
+    per_event: [f64; 4],
+    server_cpu: Duration,
+    receiver_cpu: Duration,
+    platform_cpu: Duration,
+    ledger: String,
+}
+
+/// `receiver consume` at concurrency 16 and group size `group`, on a fresh database of
+/// `server` (the receiver's alone), from a platform on a server of its own: a backlog of
+/// `tasks` tasks produced before it starts (`pace` `None`), or `pace` tasks a second (submitted,
+/// then started: two deliveries each) while it runs.
+async fn consume_drain(
+    server: &testdb::Server,
+    tasks: usize,
+    group: usize,
+    pace: Option<u32>,
+) -> Drained {
+    let db = server.provision().await.unwrap();
+    result_inbox::schema::init(&Dsn::parse(db.init_url().expose()).unwrap())
+        .await
+        .unwrap();
+    db.grant_runtime().await.unwrap();
+    let mut admin = MySqlConnection::connect(db.admin_receiver_url().expose())
+        .await
+        .unwrap();
+    let (orbit, client, sub, env) = fixtures::subscribed_receiver(
+        &["--enable-fault-api", "--window", "10000"],
+        fixtures::load::LOAD_TYPES,
+    )
+    .await;
+    let mut rng = fastrand::Rng::with_seed(0x5EED_6A0B);
+    if pace.is_none() {
+        fixtures::load::produce(&orbit, &client, &sub.id, tasks, &mut rng, |_| {}).await;
+    }
+    let mut env: Vec<(&str, String)> = env
+        .into_iter()
+        .filter(|(k, _)| *k != "ORBIT_RECEIVER_DSN")
+        .collect();
+    env.push(("ORBIT_RECEIVER_DSN", db.runtime_url().expose().to_owned()));
+    env.push(("RECEIVER_CONCURRENCY", "16".into()));
+    env.push(("RECEIVER_GROUP_MAX", group.to_string()));
+    let consumer = Consumer::normal(&env);
+    while !consumer.output().contains("consuming") {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let (_, mut platform) = orbit.connections().await;
+    let pid = server.pid();
+    let before = Counters::read(&mut admin, pid).await;
+    let (receiver_from, platform_from) = (cpu_of(consumer.pid()), cpu_of(orbit.pid()));
+    let started = Instant::now();
+    if let Some(per_second) = pace {
+        let mut tick = tokio::time::interval(Duration::from_secs(1) / per_second);
+        for _ in 0..tasks {
+            tick.tick().await;
+            let task = client.submit_task(fixtures::QUEUE, None).await.unwrap();
+            client.report_task(&task.id, "RUNNING", None).await.unwrap();
+        }
+    }
+    fixtures::load::wait_drained(
+        &mut platform,
+        sub.id.as_str(),
+        Duration::from_millis(20),
+        Duration::from_secs(600),
+    )
+    .await;
+    let elapsed = started.elapsed();
+    let after = Counters::read(&mut admin, pid).await;
+    let receiver_cpu = cpu_of(consumer.pid()) - receiver_from;
+    let platform_cpu = cpu_of(orbit.pid()) - platform_from;
+    let output = consumer.stop().await;
+    let ledger = fixtures::check_ledger_on(&mut admin, &mut platform, sub.id.as_str(), "group")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let deliveries = ledger.deliveries;
+    let n = deliveries as f64;
+    Drained {
+        group,
+        deliveries,
+        per_second: n / elapsed.as_secs_f64(),
+        apply_ms: fixtures::load::apply_durations_ms(&output),
+        per_event: [
+            (after.questions - before.questions - 1.0) / n,
+            (after.commits - before.commits) / n,
+            (after.fsyncs - before.fsyncs) / n,
+            (after.binlog_commits - before.binlog_commits) / n,
+        ],
+        server_cpu: (after.cpu - before.cpu).div_f64(n),
+        receiver_cpu: receiver_cpu.div_f64(n),
+        platform_cpu: platform_cpu.div_f64(n),
+        ledger: format!(
+            "0 violations ({} deliveries, {} events)",
+            ledger.deliveries, ledger.events
+        ),
+    }
+}
+
+/// The drains' table: one row each, and each against the first (group 1).
+fn print_drains(what: &str, drains: &[Drained]) {
+    println!();
+    println!("group bench: {what}");
+    println!("| group max | deliveries | events/s | ÷ group 1 | apply p50 ms | p99 ms | statements | commits | InnoDB fsyncs | binlog group commits | server CPU µs | ÷ group 1 | receiver CPU µs | platform CPU µs | ledger |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    let base = &drains[0];
+    for d in drains {
+        let pct = |p: f64| {
+            d.apply_ms
+                .get(((d.apply_ms.len() as f64 * p) as usize).min(d.apply_ms.len().max(1) - 1))
+                .copied()
+                .unwrap_or(0)
+        };
+        println!(
+            "| {} | {} | {:.0} | {:.2} | {} | {} | {:.2} | {:.3} | {:.3} | {:.3} | {:.0} | {:.2} | {:.0} | {:.0} | {} |",
+            d.group,
+            d.deliveries,
+            d.per_second,
+            d.per_second / base.per_second,
+            pct(0.50),
+            pct(0.99),
+            d.per_event[0],
+            d.per_event[1],
+            d.per_event[2],
+            d.per_event[3],
+            d.server_cpu.as_secs_f64() * 1e6,
+            d.server_cpu.as_secs_f64() / base.server_cpu.as_secs_f64(),
+            d.receiver_cpu.as_secs_f64() * 1e6,
+            d.platform_cpu.as_secs_f64() * 1e6,
+            d.ledger
+        );
+    }
+}
+
 fn main() {
+    #[allow(clippy::disallowed_methods)] // a bench knob, not receiver configuration
+    let drain: usize = std::env::var("GROUP_BENCH_DRAIN")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(6000);
     #[allow(clippy::disallowed_methods)] // a bench knob, not receiver configuration
     let ops: usize = std::env::var("GROUP_BENCH_EVENTS")
         .ok()
@@ -248,5 +402,22 @@ fn main() {
                 );
             }
         }
+        store.close().await;
+        let mut drains = Vec::new();
+        for group in [1, 16] {
+            drains.push(consume_drain(&server, drain / 4, group, None).await);
+        }
+        print_drains(
+            "receiver consume at concurrency 16 draining a backlog, on this server of its own (the platform on another)",
+            &drains,
+        );
+        let mut low = Vec::new();
+        for group in [1, 16] {
+            low.push(consume_drain(&server, 1000, group, Some(50)).await);
+        }
+        print_drains(
+            "receiver consume at concurrency 16, 100 deliveries a second for 20 s (50 tasks a second, submitted and started)",
+            &low,
+        );
     });
 }

@@ -1,8 +1,9 @@
 //! The storage mutants: each breaks one rule through the statements the store runs, the
 //! schema `init` makes, or the bytes an event is recorded with. Installed through the core's
-//! seam (`result_inbox::seam`): the store itself has no branch for any of them.
+//! seam (`result_inbox::seam`): the one-event transaction has no branch for any of them; the
+//! group apply has one for each group rule a mutant breaks ([`GroupRule`]).
 
-use result_inbox::seam::{self, StatementTable};
+use result_inbox::seam::{self, GroupRule, StatementTable};
 use result_inbox::TaskEvent;
 use seam_names::Mutant;
 
@@ -153,6 +154,18 @@ pub fn statements(m: Mutant) -> StatementTable {
             },
             Mutant::ClosesWithoutKill => StatementTable {
                 kill_abandoned: false,
+                ..standard
+            },
+            Mutant::GroupInArrivalOrder => StatementTable {
+                group_rule: GroupRule::ArrivalOrder,
+                ..standard
+            },
+            Mutant::AcksPartlyCommittedGroup => StatementTable {
+                group_rule: GroupRule::AnswersAsCommitted,
+                ..standard
+            },
+            Mutant::FallbackAppliesTwice => StatementTable {
+                group_rule: GroupRule::RestTwice,
                 ..standard
             },
             Mutant::LocalTime => StatementTable {

@@ -478,3 +478,138 @@ pub(crate) async fn concurrent_versions(ctx: Ctx) -> Verdict {
         "each statement on the view answered {VIEW_HELD_MS} ms late: {CONCURRENT_TASKS} views at v2 meeting v5, v4, v3 at once, {CONCURRENT_TASKS} new tasks whose first three versions came at once, all at v5; {CONCURRENT_TASKS} events delivered twice at once, each applied once"
     ))
 }
+
+/// Tasks of each kind in `mixed-backlog`.
+const MIXED_TASKS: usize = 8;
+/// The concurrency `mixed-backlog` starts `consume` with (`RECEIVER_CONCURRENCY`).
+const MIXED_CONCURRENCY: &str = "16";
+
+/// A backlog that waits for `consume` to start, at a concurrency of 16, so that a receiver
+/// that applies many deliveries together (in one transaction, say) meets every mix at once.
+/// For each of [`MIXED_TASKS`] rounds, in this order of arrival:
+/// - versions 3, 2 and 1 of a new task, newest first;
+/// - the redelivery of an event applied before the backlog, and the next version of its task;
+/// - two event ids for version 1 of a new task: whichever is applied first, the other is a
+///   conflict.
+///
+/// Every view must end at its highest version with `applied_events` equal to its task's inbox
+/// rows marked applied; of each pair, exactly one is ACKed and recorded, the other never ACKed
+/// and never recorded; every other delivery ACKed. A receiver that applies one delivery at a
+/// time meets none of these together and passes.
+pub(crate) async fn mixed_backlog(ctx: Ctx) -> Verdict {
+    let mut w = World::start(&ctx, SHORT_LEASE).await;
+    let run = ctx.seed % 100_000;
+    let task = |kind: &str, i: usize| format!("mix-{kind}-{run}-{i}");
+    let started = |t: &str, v: u64| (format!("{t}-v{v}"), t.to_owned(), v);
+    // The events applied before the backlog, whose redeliveries join it.
+    let first = w.running().await?;
+    let mut seen = Vec::new();
+    let mut seen_ids = Vec::new();
+    for i in 0..MIXED_TASKS {
+        let (key, ids) = w.inject(&started(&task("seen", i), 1));
+        seen.push(key);
+        seen_ids.extend(ids);
+    }
+    w.acked(&seen_ids, Duration::from_secs(30), "R-STORE-7")
+        .await?;
+    let _ = first.signal(nix::sys::signal::Signal::SIGTERM);
+    let mut first = first;
+    ensure!(
+        first.wait_within(Duration::from_secs(10)).await.is_some(),
+        "R-CLI-3: consume was still running 10 s after SIGTERM"
+    );
+    // The backlog, while no consume runs.
+    let mut good = Vec::new();
+    let mut pairs = Vec::new();
+    for (i, key) in seen.iter().enumerate() {
+        for v in [3, 2, 1] {
+            good.extend(w.inject(&started(&task("new", i), v)).1);
+        }
+        good.extend(w.redeliver(key));
+        good.extend(w.inject(&started(&task("seen", i), 2)).1);
+        let t = task("pair", i);
+        let [a, b] = ["a", "b"].map(|x| {
+            let id = format!("{t}-{x}");
+            let deliveries = w.inject(&(id.clone(), t.clone(), 1)).1;
+            (id, deliveries)
+        });
+        pairs.push((t, [a, b]));
+    }
+    let mut env = w.env(&w.dsn.clone());
+    env.push(("RECEIVER_CONCURRENCY", MIXED_CONCURRENCY.into()));
+    let _p = w.consume_with(&env);
+    w.acked(&good, Duration::from_secs(60), "R-STORE-6").await?;
+    // Time for a conflict to be ACKed, if it were going to be.
+    tokio::time::sleep(Duration::from_secs(2 * SHORT_LEASE + 1)).await;
+
+    let mut wrong = Vec::new();
+    let mut uncounted = Vec::new();
+    let mut views = Vec::new();
+    for i in 0..MIXED_TASKS {
+        for (kind, versions) in [("new", &[3, 2, 1][..]), ("seen", &[2, 1][..])] {
+            let t = task(kind, i);
+            let mut applied = 0;
+            for v in versions {
+                let rows = w.inbox(&format!("{t}-v{v}")).await;
+                applied += rows.iter().filter(|r| r.1).count() as u64;
+            }
+            let view = w.view(&t).await;
+            views.push((t, versions[0], applied, view));
+        }
+    }
+    for (t, version, applied, view) in views {
+        match view {
+            Some(v) if v.version == version && v.applied_events == applied => {}
+            Some(v) if v.version == version => uncounted.push(format!(
+                "{t}: applied_events {} but {applied} of its inbox rows applied",
+                v.applied_events
+            )),
+            v => wrong.push(format!(
+                "{t} at version {:?}, not {version}",
+                v.map(|v| v.version)
+            )),
+        }
+    }
+    ensure!(
+        wrong.is_empty(),
+        "R-STORE-6: every view must end at its task's highest version, whatever the order its versions came in and whatever else came with them; with a backlog of {} deliveries taken at a concurrency of {MIXED_CONCURRENCY}, {} of {} did not: {}",
+        good.len() + 2 * pairs.len(),
+        wrong.len(),
+        2 * MIXED_TASKS,
+        wrong.join(", ")
+    );
+    ensure!(
+        uncounted.is_empty(),
+        "R-STORE-4: a view's applied_events counts the events that advanced it, each once (the inbox rows marked applied); {} of {} views did not: {}",
+        uncounted.len(),
+        2 * MIXED_TASKS,
+        uncounted.join(", ")
+    );
+    for (t, [a, b]) in &pairs {
+        let mut acked = Vec::new();
+        for (id, deliveries) in [a, b] {
+            let mut any = false;
+            for d in deliveries {
+                any |= w.delivery(d).await.state == "ACKED";
+            }
+            let rows = w.inbox(id).await.len();
+            acked.push((id.clone(), any, rows));
+        }
+        let won: Vec<&(String, bool, usize)> = acked.iter().filter(|(_, ack, _)| *ack).collect();
+        let view = w.view(t).await;
+        ensure!(
+            won.len() == 1
+                && won[0].2 == 1
+                && acked.iter().all(|(_, ack, rows)| *ack || *rows == 0)
+                && view.as_ref().is_some_and(|v| v.last_event == won[0].0 && v.applied_events == 1),
+            "R-STORE-6: two event ids for version 1 of {t}, in one backlog: the first applied must be ACKed and recorded, the other is a conflict, never ACKed and never recorded; (event, ACKed, inbox rows): {acked:?}, the view {:?}",
+            view.map(|v| (v.last_event, v.applied_events))
+        );
+    }
+    Ok(format!(
+        "a backlog of {} deliveries at a concurrency of {MIXED_CONCURRENCY}: {} views at their highest versions, applied_events as recorded; of {} same-version pairs, one ACKed and recorded each, the other never",
+        good.len() + 2 * pairs.len(),
+        2 * MIXED_TASKS,
+        pairs.len()
+    ))
+}

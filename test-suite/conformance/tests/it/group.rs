@@ -407,6 +407,43 @@ async fn concurrent_groups_over_the_same_tasks_end_at_the_highest_versions_witho
     );
 }
 
+/// Two groups that both find no view for the same new tasks and both mean to create them: the
+/// proxy answers every statement on the views 200 ms late, so both groups have read "none"
+/// before either creates. The second creator meets the first's row, tries again, locks the
+/// views the first made and advances them; it never writes over them blindly (a view would
+/// lose the first group's version or its count).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_groups_creating_the_same_views_at_once_both_count_and_the_highest_version_wins() {
+    use commit_proxy::{Action, On, RuleSpec};
+    let rdb = ReceiverDb::new().await;
+    let proxy = rdb.proxy().await;
+    let mut rule = RuleSpec::new(Action::Delay { delay_ms: 200 }).on(On::Any);
+    rule.contains = Some("receiver_task_views".into());
+    proxy.arm(rule).unwrap();
+    let store = rdb.store_via(proxy.local_addr()).await;
+    let batch = |tag: &str, base: u64| -> Vec<TaskEvent> {
+        (0..8)
+            .map(|k| {
+                EventSpec::cancelled(&format!("e-{tag}-{k}"), &format!("task-race{k}"), base + k)
+                    .event()
+            })
+            .collect()
+    };
+    let (low, high) = (batch("low", 10), batch("high", 20));
+    let (low, high) = (members(&low, &NoWrite), members(&high, &NoWrite));
+    let (a, b) = tokio::join!(store.apply_group(&low), store.apply_group(&high));
+    for done in [&a, &b] {
+        for r in &done.results {
+            assert_eq!(r.result.as_ref().ok(), Some(&Outcome::Applied), "{r:?}");
+        }
+    }
+    let (views, _) = state(&rdb, "task-result-view").await;
+    let want: Vec<String> = (0..8)
+        .map(|k| format!("task-race{k} v{} e-high-{k} x2", 20 + k))
+        .collect();
+    assert_eq!(views, want);
+}
+
 /// A histogram's count, sum and `le="1.0"` bucket from a scrape's text.
 fn histogram(text: &str, name: &str) -> (f64, f64, f64) {
     let sample = |line_start: &str| -> f64 {
@@ -489,6 +526,74 @@ async fn consume_with_a_group_size_of_one_applies_each_delivery_alone() {
     // No group is formed at all: each delivery is its own transaction.
     assert_eq!((groups, deliveries, singles), (0.0, 0.0, 0.0));
     assert_eq!(acked_lines(&log), 20, "{log}");
+}
+
+/// The lines consume logs for a backlog of 40 redeliveries of applied events among 40 new
+/// events (20 tasks, then 20 more), taken at concurrency 16 by `receiver`, or by
+/// `receiver-mutant` with `mutant`: (lines of new events applied or stale, lines of
+/// duplicates), and the log.
+async fn split_backlog(mutant: Option<&str>) -> ((usize, usize), String) {
+    use fixtures::process::Consumer;
+    use std::time::Duration;
+    let (orbit, client, sub, mut env) = fixtures::subscribed_receiver(
+        &["--lease-seconds", "30", "--enable-fault-api"],
+        &["task.submitted", "task.cancelled"],
+    )
+    .await;
+    for _ in 0..20 {
+        let task = client.submit_task(QUEUE, None).await.unwrap();
+        client.cancel_task(&task.id).await.unwrap();
+    }
+    let first = Consumer::normal(&env);
+    fixtures::all_acked(&client, &sub.id, Some(40), Duration::from_secs(60)).await;
+    first.stop().await;
+    let applied = client
+        .list_deliveries(&sub.id, &Default::default())
+        .await
+        .unwrap();
+    // Each new task's two events beside two redeliveries, so that most groups hold both.
+    for pair in applied.chunks(2) {
+        let task = client.submit_task(QUEUE, None).await.unwrap();
+        client.cancel_task(&task.id).await.unwrap();
+        for d in pair {
+            orbit.fault(serde_json::json!({"fault": "duplicate-event", "event_id": d.event_id}));
+        }
+    }
+    env.push(("RECEIVER_CONCURRENCY", "16".into()));
+    let consumer = match mutant {
+        None => Consumer::normal(&env),
+        Some(m) => {
+            env.push(("RECEIVER_MUTANT", m.into()));
+            let bin = fixtures::workspace_bin("receiver-mutant");
+            Consumer::start(fixtures::bare_command(&bin), &env, &[])
+        }
+    };
+    fixtures::all_acked(&client, &sub.id, Some(120), Duration::from_secs(60)).await;
+    let log = consumer.output();
+    consumer.stop().await;
+    drop(orbit);
+    let duplicates = log
+        .lines()
+        .filter(|l| l.contains(" delivery classification=duplicate "))
+        .count();
+    ((acked_lines(&log), duplicates), log)
+}
+
+/// After a duplicate splits a group, the events already recorded resolve alone and the rest
+/// commit once more as a group: consume's account of each delivery stays exact (each first
+/// receipt applied or stale, each redelivery a duplicate). The mutant whose fallback applies
+/// the rest a second time (`fallback-applies-twice`) reports first receipts as duplicates,
+/// and this test tells it apart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_duplicate_splits_a_group_each_first_receipt_is_logged_applied_and_each_redelivery_duplicate(
+) {
+    let (lines, log) = split_backlog(None).await;
+    assert_eq!(lines, (40, 40), "{log}");
+    let (lines, log) = split_backlog(Some("fallback-applies-twice")).await;
+    assert!(
+        lines.0 < 40 && lines.1 > 40,
+        "the mutant's first receipts should come out duplicates: {lines:?}\n{log}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
