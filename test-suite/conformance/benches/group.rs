@@ -75,6 +75,19 @@ impl Counters {
     }
 }
 
+impl Counters {
+    /// Statements, commits, fsyncs and binary log group commits per event since `before`, for
+    /// `n` events (the counter read itself is one statement).
+    fn per_event(&self, before: &Counters, n: f64) -> [f64; 4] {
+        [
+            (self.questions - before.questions - 1.0) / n,
+            (self.commits - before.commits) / n,
+            (self.fsyncs - before.fsyncs) / n,
+            (self.binlog_commits - before.binlog_commits) / n,
+        ]
+    }
+}
+
 /// A process's user and system time, from `/proc` (clock ticks of 10 ms).
 fn cpu_of(pid: u32) -> Duration {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
@@ -168,13 +181,7 @@ async fn run(
         per_second: n / elapsed.as_secs_f64(),
         p50: pct(0.50),
         p99: pct(0.99),
-        // The counter read itself is one statement.
-        per_event: [
-            (after.questions - before.questions - 1.0) / n,
-            (after.commits - before.commits) / n,
-            (after.fsyncs - before.fsyncs) / n,
-            (after.binlog_commits - before.binlog_commits) / n,
-        ],
+        per_event: after.per_event(&before, n),
         cpu_per_event: (after.cpu - before.cpu).div_f64(n),
     }
 }
@@ -203,10 +210,20 @@ async fn consume_drain(
     pace: Option<u32>,
 ) -> Drained {
     let db = server.provision().await.unwrap();
-    result_inbox::schema::init(&Dsn::parse(db.init_url().expose()).unwrap())
-        .await
-        .unwrap();
-    db.grant_runtime().await.unwrap();
+    fixtures::initialise(&db).await;
+    drain_into(&db, server.pid(), tasks, group, pace, &[]).await
+}
+
+/// [`consume_drain`] into `db` (initialised), whose server's process is `pid`, with `extra`
+/// in consume's environment.
+async fn drain_into(
+    db: &testdb::Provisioned,
+    pid: Option<u32>,
+    tasks: usize,
+    group: usize,
+    pace: Option<u32>,
+    extra: &[(&'static str, String)],
+) -> Drained {
     let mut admin = MySqlConnection::connect(db.admin_receiver_url().expose())
         .await
         .unwrap();
@@ -226,12 +243,12 @@ async fn consume_drain(
     env.push(("ORBIT_RECEIVER_DSN", db.runtime_url().expose().to_owned()));
     env.push(("RECEIVER_CONCURRENCY", "16".into()));
     env.push(("RECEIVER_GROUP_MAX", group.to_string()));
+    env.extend(extra.iter().cloned());
     let consumer = Consumer::normal(&env);
     while !consumer.output().contains("consuming") {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let (_, mut platform) = orbit.connections().await;
-    let pid = server.pid();
     let before = Counters::read(&mut admin, pid).await;
     let (receiver_from, platform_from) = (cpu_of(consumer.pid()), cpu_of(orbit.pid()));
     let started = Instant::now();
@@ -265,12 +282,7 @@ async fn consume_drain(
         deliveries,
         per_second: n / elapsed.as_secs_f64(),
         apply_ms: fixtures::load::apply_durations_ms(&output),
-        per_event: [
-            (after.questions - before.questions - 1.0) / n,
-            (after.commits - before.commits) / n,
-            (after.fsyncs - before.fsyncs) / n,
-            (after.binlog_commits - before.binlog_commits) / n,
-        ],
+        per_event: after.per_event(&before, n),
         server_cpu: (after.cpu - before.cpu).div_f64(n),
         receiver_cpu: receiver_cpu.div_f64(n),
         platform_cpu: platform_cpu.div_f64(n),
@@ -419,5 +431,53 @@ fn main() {
             "receiver consume at concurrency 16, 100 deliveries a second for 20 s (50 tasks a second, submitted and started)",
             &low,
         );
+        // The same backlog into a semi-synchronous primary with one replica, the gate on.
+        let topology = tokio::task::spawn_blocking(|| {
+            testdb::Topology::start(testdb::ReplicationOptions {
+                replicas: 1,
+                ..testdb::ReplicationOptions::default()
+            })
+        })
+        .await
+        .unwrap()
+        .expect("a primary and a replica");
+        let primary = topology.member(topology.primary());
+        let mut gated = Vec::new();
+        for group in [1, 16] {
+            let db = primary.provision().await.unwrap();
+            fixtures::initialise(&db).await;
+            topology
+                .wait_caught_up(Duration::from_secs(30))
+                .await
+                .unwrap();
+            let gate = [("RECEIVER_REQUIRE_REPLICA_ACK", "1".to_owned())];
+            gated.push(drain_into(&db, primary.pid(), drain / 4, group, None, &gate).await);
+        }
+        let mut admin = topology.admin(topology.primary()).await.unwrap();
+        let settings = sqlx::query(
+            "SELECT @@rpl_semi_sync_master_enabled, @@rpl_semi_sync_master_wait_point, \
+             @@innodb_flush_log_at_trx_commit, @@sync_binlog, @@binlog_format",
+        )
+        .fetch_one(&mut admin)
+        .await
+        .unwrap();
+        print_drains(
+            &format!(
+                "the same backlog into a semi-synchronous primary (one replica acknowledging; rpl_semi_sync_master_enabled={}, wait point {}, innodb_flush_log_at_trx_commit={}, sync_binlog={}, binlog_format={}), RECEIVER_REQUIRE_REPLICA_ACK=1",
+                settings.get::<i64, _>(0),
+                settings.get::<String, _>(1),
+                settings.get::<u32, _>(2),
+                settings.get::<u32, _>(3),
+                settings.get::<String, _>(4),
+            ),
+            &gated,
+        );
+        for (g, one) in gated.iter().zip(&drains) {
+            println!(
+                "  group max {}: the semi-synchronous primary with the gate ÷ the one server: {:.2}",
+                g.group,
+                g.per_second / one.per_second
+            );
+        }
     });
 }
