@@ -19,7 +19,9 @@
 //! the same run. Each drain's events a second, apply time p50 and p99 (each delivery's
 //! `duration_ms`), the server's counters and CPU time per event, the receiver's and the
 //! platform's CPU time per event, and the ledger. Then the same at low load: 100 deliveries a
-//! second for 20 seconds, against a receiver that waits for each.
+//! second for 20 seconds, against a receiver that waits for each; then the backlog into a
+//! semi-synchronous primary with one replica and the gate on, and into one node of a
+//! three-node Galera cluster.
 //!
 //! Run with `make bench` (or `cargo build --release --bins && cargo bench -p conformance
 //! --bench group`).
@@ -479,5 +481,40 @@ fn main() {
                 g.per_second / one.per_second
             );
         }
+        drop(topology);
+        // The same backlog into one node of a three-node Galera cluster (each COMMIT
+        // certified by all three).
+        let cluster = tokio::task::spawn_blocking(|| testdb::Cluster::start(3))
+            .await
+            .unwrap()
+            .expect("a three-node Galera cluster (galera-4)");
+        let node = cluster.node(0);
+        let mut certified = Vec::new();
+        for group in [1, 16] {
+            let db = node.provision().await.unwrap();
+            fixtures::initialise(&db).await;
+            certified.push(drain_into(&db, node.pid(), drain / 4, group, None, &[]).await);
+        }
+        let mut admin = MySqlConnection::connect(node.admin_url().expose())
+            .await
+            .unwrap();
+        let settings = sqlx::query(
+            "SELECT @@innodb_flush_log_at_trx_commit, @@sync_binlog, @@log_bin, \
+             (SELECT VARIABLE_VALUE FROM information_schema.GLOBAL_STATUS \
+              WHERE VARIABLE_NAME = 'wsrep_cluster_size')",
+        )
+        .fetch_one(&mut admin)
+        .await
+        .unwrap();
+        print_drains(
+            &format!(
+                "the same backlog into one node of a Galera cluster of {} (innodb_flush_log_at_trx_commit={}, sync_binlog={}, log_bin={}; durability by replication to every node)",
+                settings.get::<String, _>(3),
+                settings.get::<u32, _>(0),
+                settings.get::<u32, _>(1),
+                settings.get::<i64, _>(2),
+            ),
+            &certified,
+        );
     });
 }
