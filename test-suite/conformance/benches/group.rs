@@ -19,7 +19,8 @@
 //! the same run. Each drain's events a second, apply time p50 and p99 (each delivery's
 //! `duration_ms`), the server's counters and CPU time per event, the receiver's and the
 //! platform's CPU time per event, and the ledger. Then the same at low load: 100 deliveries a
-//! second for 20 seconds, against a receiver that waits for each; then the backlog into a
+//! second for 20 seconds, against a receiver that waits for each; the backlog again with
+//! commit-proxy dropping the OK to one COMMIT in a hundred; then the backlog into a
 //! semi-synchronous primary with one replica and the gate on, and into one node of a
 //! three-node Galera cluster.
 //!
@@ -191,6 +192,8 @@ async fn run(
 /// One drain by `receiver consume`.
 struct Drained {
     group: usize,
+    /// COMMIT answers commit-proxy dropped.
+    dropped: u64,
     deliveries: usize,
     per_second: f64,
     apply_ms: Vec<u64>,
@@ -205,15 +208,71 @@ struct Drained {
 /// `server` (the receiver's alone), from a platform on a server of its own: a backlog of
 /// `tasks` tasks produced before it starts (`pace` `None`), or `pace` tasks a second (submitted,
 /// then started: two deliveries each) while it runs.
-async fn consume_drain(
-    server: &testdb::Server,
-    tasks: usize,
-    group: usize,
-    pace: Option<u32>,
-) -> Drained {
+async fn consume_drain(server: &testdb::Server, load: Load) -> Drained {
     let db = server.provision().await.unwrap();
     fixtures::initialise(&db).await;
-    drain_into(&db, server.pid(), tasks, group, pace, &[]).await
+    drain_into(&db, server.pid(), load, &[]).await
+}
+
+/// What one drain by `receiver consume` is given.
+#[derive(Debug, Clone, Copy)]
+struct Load {
+    tasks: usize,
+    group: usize,
+    /// `None`: a backlog made before consume starts; otherwise tasks a second while it runs.
+    pace: Option<u32>,
+    /// commit-proxy in front of the server drops the OK to one COMMIT in this many (re-armed
+    /// once a hundred more commits were counted), under 3 s leases: each group whose answer is
+    /// lost comes back as duplicates.
+    drop_one_in: Option<u64>,
+}
+
+impl Load {
+    fn backlog(tasks: usize, group: usize) -> Load {
+        Load {
+            tasks,
+            group,
+            pace: None,
+            drop_one_in: None,
+        }
+    }
+}
+
+/// Drops the OK to one COMMIT of `one_in` through `proxy`, counting commits on `counter`,
+/// until `stop`; how many were dropped.
+async fn drop_commit_oks(
+    proxy: &commit_proxy::Proxy,
+    counter: &mut MySqlConnection,
+    one_in: u64,
+    stop: &std::sync::atomic::AtomicBool,
+) -> u64 {
+    use commit_proxy::{Action, RuleSpec};
+    let mut dropped = 0;
+    while !stop.load(Ordering::SeqCst) {
+        let rule = proxy
+            .arm(RuleSpec::new(Action::DropCommitOk).once())
+            .unwrap();
+        while !stop.load(Ordering::SeqCst) {
+            if rule.fired_within(Duration::from_millis(50)).await.is_some() {
+                dropped += 1;
+                break;
+            }
+        }
+        let from = commits(counter).await;
+        while !stop.load(Ordering::SeqCst) && commits(counter).await < from + one_in {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+    dropped
+}
+
+/// The server's `Com_commit`.
+async fn commits(c: &mut MySqlConnection) -> u64 {
+    let row = sqlx::query("SHOW GLOBAL STATUS LIKE 'Com_commit'")
+        .fetch_one(c)
+        .await
+        .unwrap();
+    row.get::<String, _>(1).parse::<u64>().unwrap()
 }
 
 /// [`consume_drain`] into `db` (initialised), whose server's process is `pid`, with `extra`
@@ -221,19 +280,24 @@ async fn consume_drain(
 async fn drain_into(
     db: &testdb::Provisioned,
     pid: Option<u32>,
-    tasks: usize,
-    group: usize,
-    pace: Option<u32>,
+    load: Load,
     extra: &[(&'static str, String)],
 ) -> Drained {
+    let Load {
+        tasks,
+        group,
+        pace,
+        drop_one_in,
+    } = load;
     let mut admin = MySqlConnection::connect(db.admin_receiver_url().expose())
         .await
         .unwrap();
-    let (orbit, client, sub, env) = fixtures::subscribed_receiver(
-        &["--enable-fault-api", "--window", "10000"],
-        fixtures::load::LOAD_TYPES,
-    )
-    .await;
+    let mut platform_args = vec!["--enable-fault-api", "--window", "10000"];
+    if drop_one_in.is_some() {
+        platform_args.extend(["--lease-seconds", "3"]);
+    }
+    let (orbit, client, sub, env) =
+        fixtures::subscribed_receiver(&platform_args, fixtures::load::LOAD_TYPES).await;
     let mut rng = fastrand::Rng::with_seed(0x5EED_6A0B);
     if pace.is_none() {
         fixtures::load::produce(&orbit, &client, &sub.id, tasks, &mut rng, |_| {}).await;
@@ -242,7 +306,20 @@ async fn drain_into(
         .into_iter()
         .filter(|(k, _)| *k != "ORBIT_RECEIVER_DSN")
         .collect();
-    env.push(("ORBIT_RECEIVER_DSN", db.runtime_url().expose().to_owned()));
+    let proxy = match drop_one_in {
+        Some(_) => Some(
+            commit_proxy::Proxy::start("127.0.0.1:0", db.address())
+                .await
+                .unwrap(),
+        ),
+        None => None,
+    };
+    let dsn = db.runtime_url().expose().to_owned();
+    let dsn = match &proxy {
+        Some(p) => dsn.replace(db.address(), &p.local_addr().to_string()),
+        None => dsn,
+    };
+    env.push(("ORBIT_RECEIVER_DSN", dsn));
     env.push(("RECEIVER_CONCURRENCY", "16".into()));
     env.push(("RECEIVER_GROUP_MAX", group.to_string()));
     env.extend(extra.iter().cloned());
@@ -262,13 +339,27 @@ async fn drain_into(
             client.report_task(&task.id, "RUNNING", None).await.unwrap();
         }
     }
-    fixtures::load::wait_drained(
-        &mut platform,
-        sub.id.as_str(),
-        Duration::from_millis(20),
-        Duration::from_secs(600),
-    )
-    .await;
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let mut counter = MySqlConnection::connect(db.admin_receiver_url().expose())
+        .await
+        .unwrap();
+    let dropping = async {
+        match (&proxy, drop_one_in) {
+            (Some(p), Some(n)) => drop_commit_oks(p, &mut counter, n, &stop).await,
+            _ => 0,
+        }
+    };
+    let drained = async {
+        fixtures::load::wait_drained(
+            &mut platform,
+            sub.id.as_str(),
+            Duration::from_millis(20),
+            Duration::from_secs(600),
+        )
+        .await;
+        stop.store(true, Ordering::SeqCst);
+    };
+    let (dropped, ()) = tokio::join!(dropping, drained);
     let elapsed = started.elapsed();
     let after = Counters::read(&mut admin, pid).await;
     let receiver_cpu = cpu_of(consumer.pid()) - receiver_from;
@@ -281,6 +372,7 @@ async fn drain_into(
     let n = deliveries as f64;
     Drained {
         group,
+        dropped,
         deliveries,
         per_second: n / elapsed.as_secs_f64(),
         apply_ms: fixtures::load::apply_durations_ms(&output),
@@ -299,8 +391,8 @@ async fn drain_into(
 fn print_drains(what: &str, drains: &[Drained]) {
     println!();
     println!("group bench: {what}");
-    println!("| group max | deliveries | events/s | ÷ group 1 | apply p50 ms | p99 ms | statements | commits | InnoDB fsyncs | binlog group commits | server CPU µs | ÷ group 1 | receiver CPU µs | platform CPU µs | ledger |");
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("| group max | deliveries | COMMIT answers dropped | events/s | ÷ group 1 | apply p50 ms | p99 ms | statements | commits | InnoDB fsyncs | binlog group commits | server CPU µs | ÷ group 1 | receiver CPU µs | platform CPU µs | ledger |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     let base = &drains[0];
     for d in drains {
         let pct = |p: f64| {
@@ -310,9 +402,10 @@ fn print_drains(what: &str, drains: &[Drained]) {
                 .unwrap_or(0)
         };
         println!(
-            "| {} | {} | {:.0} | {:.2} | {} | {} | {:.2} | {:.3} | {:.3} | {:.3} | {:.0} | {:.2} | {:.0} | {:.0} | {} |",
+            "| {} | {} | {} | {:.0} | {:.2} | {} | {} | {:.2} | {:.3} | {:.3} | {:.3} | {:.0} | {:.2} | {:.0} | {:.0} | {} |",
             d.group,
             d.deliveries,
+            d.dropped,
             d.per_second,
             d.per_second / base.per_second,
             pct(0.50),
@@ -419,15 +512,31 @@ fn main() {
         store.close().await;
         let mut drains = Vec::new();
         for group in [1, 16] {
-            drains.push(consume_drain(&server, drain / 4, group, None).await);
+            drains.push(consume_drain(&server, Load::backlog(drain / 4, group)).await);
         }
         print_drains(
             "receiver consume at concurrency 16 draining a backlog, on this server of its own (the platform on another)",
             &drains,
         );
+        let mut lossy = Vec::new();
+        for group in [1, 16] {
+            let load = Load {
+                drop_one_in: Some(100),
+                ..Load::backlog(drain / 4, group)
+            };
+            lossy.push(consume_drain(&server, load).await);
+        }
+        print_drains(
+            "the same backlog with commit-proxy dropping the OK to one COMMIT in a hundred (3 s leases: each lost answer's deliveries come back as duplicates)",
+            &lossy,
+        );
         let mut low = Vec::new();
         for group in [1, 16] {
-            low.push(consume_drain(&server, 1000, group, Some(50)).await);
+            let load = Load {
+                pace: Some(50),
+                ..Load::backlog(1000, group)
+            };
+            low.push(consume_drain(&server, load).await);
         }
         print_drains(
             "receiver consume at concurrency 16, 100 deliveries a second for 20 s (50 tasks a second, submitted and started)",
@@ -453,7 +562,8 @@ fn main() {
                 .await
                 .unwrap();
             let gate = [("RECEIVER_REQUIRE_REPLICA_ACK", "1".to_owned())];
-            gated.push(drain_into(&db, primary.pid(), drain / 4, group, None, &gate).await);
+            let load = Load::backlog(drain / 4, group);
+            gated.push(drain_into(&db, primary.pid(), load, &gate).await);
         }
         let mut admin = topology.admin(topology.primary()).await.unwrap();
         let settings = sqlx::query(
@@ -493,7 +603,8 @@ fn main() {
         for group in [1, 16] {
             let db = node.provision().await.unwrap();
             fixtures::initialise(&db).await;
-            certified.push(drain_into(&db, node.pid(), drain / 4, group, None, &[]).await);
+            let load = Load::backlog(drain / 4, group);
+            certified.push(drain_into(&db, node.pid(), load, &[]).await);
         }
         let mut admin = MySqlConnection::connect(node.admin_url().expose())
             .await
