@@ -218,6 +218,8 @@ async fn consume_drain(server: &testdb::Server, load: Load) -> Drained {
 #[derive(Debug, Clone, Copy)]
 struct Load {
     tasks: usize,
+    /// `RECEIVER_CONCURRENCY`.
+    concurrency: usize,
     group: usize,
     /// `None`: a backlog made before consume starts; otherwise tasks a second while it runs.
     pace: Option<u32>,
@@ -231,6 +233,7 @@ impl Load {
     fn backlog(tasks: usize, group: usize) -> Load {
         Load {
             tasks,
+            concurrency: 16,
             group,
             pace: None,
             drop_one_in: None,
@@ -285,6 +288,7 @@ async fn drain_into(
 ) -> Drained {
     let Load {
         tasks,
+        concurrency,
         group,
         pace,
         drop_one_in,
@@ -320,7 +324,7 @@ async fn drain_into(
         None => dsn,
     };
     env.push(("ORBIT_RECEIVER_DSN", dsn));
-    env.push(("RECEIVER_CONCURRENCY", "16".into()));
+    env.push(("RECEIVER_CONCURRENCY", concurrency.to_string()));
     env.push(("RECEIVER_GROUP_MAX", group.to_string()));
     env.extend(extra.iter().cloned());
     let consumer = Consumer::normal(&env);
@@ -518,6 +522,21 @@ fn main() {
             "receiver consume at concurrency 16 draining a backlog, on this server of its own (the platform on another)",
             &drains,
         );
+        // The curve: consume by concurrency and group size.
+        for concurrency in [4, 16] {
+            let mut curve = Vec::new();
+            for group in [1, 4, 16, 64] {
+                let load = Load {
+                    concurrency,
+                    ..Load::backlog(drain / 4, group)
+                };
+                curve.push(consume_drain(&server, load).await);
+            }
+            print_drains(
+                &format!("receiver consume at concurrency {concurrency} draining the backlog, by group size"),
+                &curve,
+            );
+        }
         let mut lossy = Vec::new();
         for group in [1, 16] {
             let load = Load {
