@@ -7,6 +7,7 @@
 //! | step | statement | round trips |
 //! |---|---|---|
 //! | open | `BEGIN` | 1 |
+//! | after a recent duplicate only: which events are recorded already | [`recorded_ids`] | 0 or 1 |
 //! | the dedup claims, in event id order | [`insert_inbox_rows`]: one multi-row plain `INSERT` | 1 |
 //! | lock the views that exist, in key order | [`lock_views`]: `SELECT … FOR UPDATE` | 1 |
 //! | create the views that did not | [`create_views`]: one multi-row plain `INSERT` | 0 or 1 |
@@ -15,7 +16,7 @@
 //! | the callers' writes, one receipt per event | theirs | theirs |
 //! | close | `COMMIT` | 1 |
 //!
-//! Four to seven round trips and one commit however many events the group holds, where one
+//! Four to eight round trips and one commit however many events the group holds, where one
 //! event alone costs four and a commit. A group of one is applied as one event.
 //!
 //! # Why it is safe
@@ -23,6 +24,11 @@
 //! - **Dedup.** The inbox rows go in with a plain `INSERT`, as one event's does: an
 //!   uncommitted competitor makes it wait, a committed one fails it (1062). The group never
 //!   guesses which row collided: it rolls back and falls back ([`Fallback::Duplicate`]).
+//!   After that, while redeliveries keep coming ([`SCREEN_GROUPS`]), a group first reads which
+//!   of its events the inbox holds, committed, and answers each of those as its own apply
+//!   would (a duplicate, with what its first receipt did); only the others are claimed. A
+//!   recorded event whose digest differs makes the group fall back, so that its own apply
+//!   reports the conflict.
 //! - **The views move forward only.** The views that exist are locked first, in key order,
 //!   with what they hold read under the lock; the group's events are then judged against
 //!   them in version order ([`judge`]), exactly as one apply after another would judge them.
@@ -72,6 +78,13 @@ pub const GROUP_MAX_BYTES: usize = 4 << 20;
 /// and each group size is one more prepared statement per connection.
 pub const GROUP_MAX_EVENTS: usize = 64;
 
+/// After a group meets an event recorded already, this many of the store's next groups read
+/// the inbox for their events before claiming them, and answer those recorded as duplicates
+/// inside the group: a backlog of redeliveries then costs one read a group, not a rollback and
+/// a transaction per redelivery. Each group that meets none counts one off, so that once the
+/// redeliveries stop, groups go back to claiming at once.
+pub const SCREEN_GROUPS: u32 = 32;
+
 /// What a group apply did: each member's answer, in the members' order, and whether the
 /// group fell back to one event at a time (and why).
 #[derive(Debug)]
@@ -103,23 +116,37 @@ impl Store {
             results[one] = Some(self.apply_until(m.event, m.write, m.deadline).await);
         } else if ours.len() > 1 {
             let mut alone: Vec<usize> = Vec::new();
-            let mut tried = self.try_group(members, &ours).await;
+            let screen = self.screen().load(Ordering::Relaxed) > 0;
+            let mut tried = self.try_group(members, &ours, screen).await;
             if matches!(tried, Err(Fallback::ViewRace)) {
                 // Another transaction created a view this group meant to create, and has
                 // committed it: the group's next try locks and advances it instead.
-                tried = self.try_group(members, &ours).await;
+                tried = self.try_group(members, &ours, screen).await;
             }
             match tried {
-                Ok(applied) => fill(&mut results, &ours, applied),
+                Ok(applied) => {
+                    let met = applied.iter().any(|a| duplicate(&a.result));
+                    self.screened(screen, met);
+                    if met && self.statements().group_rule == GroupRule::RestTwice {
+                        alone.extend(
+                            ours.iter()
+                                .zip(&applied)
+                                .filter(|(_, a)| !duplicate(&a.result))
+                                .map(|(&i, _)| i),
+                        );
+                    }
+                    fill(&mut results, &ours, applied);
+                }
                 Err(Fallback::Duplicate) => {
                     fallback = Some(Fallback::Duplicate);
+                    self.screened(screen, true);
                     // After a crash most of a backlog may be redeliveries: the events already
                     // recorded go alone (each resolves as a duplicate), and the rest try once
                     // more as a group before they go alone too.
                     let (rest, recorded) = self.split_recorded(members, &ours).await;
                     alone = recorded;
                     if rest.len() > 1 && !alone.is_empty() {
-                        match self.try_group(members, &rest).await {
+                        match self.try_group(members, &rest, false).await {
                             Ok(applied) => {
                                 fill(&mut results, &rest, applied);
                                 if self.statements().group_rule == GroupRule::RestTwice {
@@ -156,12 +183,26 @@ impl Store {
         }
     }
 
-    /// `members[which]` as one group: each one's answer, in `which`'s order, or why the group
-    /// must go another way (nothing of it stays).
+    /// After a group (`screened`: one that read the inbox first) that met an event already
+    /// recorded (`met`), the next [`SCREEN_GROUPS`] groups read the inbox first; each
+    /// screened group that meets none counts one of them off.
+    fn screened(&self, screened: bool, met: bool) {
+        if met {
+            self.screen().store(SCREEN_GROUPS, Ordering::Relaxed);
+        } else if screened {
+            let _ = self
+                .screen()
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
+        }
+    }
+
+    /// `members[which]` as one group (`screen`: reading the inbox first): each one's answer,
+    /// in `which`'s order, or why the group must go another way (nothing of it stays).
     async fn try_group(
         &self,
         members: &[Member<'_>],
         which: &[usize],
+        screen: bool,
     ) -> Result<Vec<Applied>, Fallback> {
         let group: Vec<Member<'_>> = which.iter().map(|&i| members[i]).collect();
         let bytes: usize = group.iter().map(|m| m.event.canonical().len()).sum();
@@ -169,7 +210,15 @@ impl Store {
             return Err(Fallback::TooLarge);
         }
         let deadline = group.iter().filter_map(|m| m.deadline).min();
-        let (done, reasons) = self.run(&Work::Group(&group), deadline).await;
+        let (done, reasons) = self
+            .run(
+                &Work::Group {
+                    members: &group,
+                    screen,
+                },
+                deadline,
+            )
+            .await;
         let each = |result: Result<Outcome, ApplyError>| Applied {
             result,
             retries: reasons.total(),
@@ -203,17 +252,11 @@ impl Store {
         members: &[Member<'_>],
         which: &[usize],
     ) -> (Vec<usize>, Vec<usize>) {
-        let ids: Vec<&[u8]> = which
+        let sql = recorded_ids(which.len());
+        let ids = which
             .iter()
-            .map(|&i| members[i].event.id().as_str().as_bytes())
-            .collect();
-        let sql = recorded_ids(ids.len());
-        let mut q = sqlx::query(&sql)
-            .bind(self.consumer().as_str().as_bytes())
-            .bind(self.queue().as_str().as_bytes());
-        for id in &ids {
-            q = q.bind(*id);
-        }
+            .map(|&i| members[i].event.id().as_str().as_bytes());
+        let q = self.bind_identity(sqlx::query(&sql), ids);
         let Ok(Ok(rows)) = tokio::time::timeout(self.apply_timeout(), self.read_all(q)).await
         else {
             return (Vec::new(), which.to_vec());
@@ -244,22 +287,126 @@ impl Store {
         order
     }
 
-    /// BEGIN … COMMIT for a group. Returns with the transaction still open on any error and
+    /// BEGIN … COMMIT for a group (`screen`: reading the inbox first, and answering there
+    /// the events it holds already). Returns with the transaction still open on any error and
     /// on a fallback.
     pub(crate) async fn group_transaction<'a>(
         &self,
         conn: &mut MySqlConnection,
         members: &'a [Member<'a>],
+        screen: bool,
         commit_sent: &AtomicBool,
     ) -> Result<GroupStep<'a>, ApplyError> {
-        let consumer = self.consumer().as_str().as_bytes();
-        let queue = self.queue().as_str().as_bytes();
-        let statements = self.statements();
-
         conn.execute("BEGIN").await?;
         for m in members {
             seam::reach(Point::BeforeInsert, m.event).await;
         }
+        let mut outcomes: Vec<Option<Outcome>> = vec![None; members.len()];
+        if screen {
+            match self.recorded(conn, members).await? {
+                Some(verdicts) => {
+                    for (k, verdict) in verdicts {
+                        outcomes[k] = Some(verdict);
+                    }
+                }
+                // A recorded event whose content differs: its own apply reports the conflict.
+                None => return Ok(GroupStep::Fallback(Fallback::Duplicate)),
+            }
+        }
+        let fresh: Vec<usize> = (0..members.len())
+            .filter(|&k| outcomes[k].is_none())
+            .collect();
+        if !fresh.is_empty() {
+            let chosen: Vec<Member<'_>> = fresh.iter().map(|&k| members[k]).collect();
+            match self.record_group(conn, &chosen).await? {
+                Ok(recorded) => {
+                    for (&k, outcome) in fresh.iter().zip(recorded) {
+                        outcomes[k] = Some(outcome);
+                    }
+                }
+                Err(why) => return Ok(GroupStep::Fallback(why)),
+            }
+        }
+
+        for m in members {
+            seam::reach(Point::BeforeCommit, m.event).await;
+        }
+        commit_sent.store(true, Ordering::SeqCst);
+        match conn.execute("COMMIT").await {
+            Ok(_) => Ok(GroupStep::Committed(
+                outcomes
+                    .into_iter()
+                    .map(|o| o.expect("every member judged"))
+                    .collect(),
+            )),
+            // The server answered COMMIT with an error: a definite failure, nothing committed.
+            Err(e @ sqlx::Error::Database(_)) => Err(e.into()),
+            // No answer: the outcome is unknown, for every event of the group.
+            Err(_) => Err(ApplyError::CommitUnconfirmed),
+        }
+    }
+
+    /// Inside a group's transaction: which of `members` the inbox holds already, committed,
+    /// each answered as a duplicate with what its first receipt did; `None` when one of them
+    /// was recorded with other content.
+    async fn recorded(
+        &self,
+        conn: &mut MySqlConnection,
+        members: &[Member<'_>],
+    ) -> Result<Option<Vec<(usize, Outcome)>>, ApplyError> {
+        let sql = recorded_ids(members.len());
+        let ids = members.iter().map(|m| m.event.id().as_str().as_bytes());
+        let rows = self
+            .bind_identity(sqlx::query(&sql), ids)
+            .fetch_all(&mut *conn)
+            .await?;
+        let mut held: BTreeMap<Vec<u8>, ([u8; 32], bool)> = BTreeMap::new();
+        for row in rows {
+            let digest: Vec<u8> = row.try_get(1)?;
+            let digest: [u8; 32] = digest
+                .try_into()
+                .map_err(|_| unexpected("a stored digest is not 32 bytes"))?;
+            held.insert(row.try_get(0)?, (digest, row.try_get(2)?));
+        }
+        let mut verdicts = Vec::new();
+        for (k, m) in members.iter().enumerate() {
+            match held.get(m.event.id().as_str().as_bytes()) {
+                None => {}
+                Some((digest, applied)) if *digest == m.event.digest().0 => {
+                    verdicts.push((k, Outcome::Duplicate { applied: *applied }));
+                }
+                Some(_) => return Ok(None),
+            }
+        }
+        Ok(Some(verdicts))
+    }
+
+    /// `q` with this store's consumer name and queue bound, then `keys`.
+    fn bind_identity<'q>(
+        &'q self,
+        q: sqlx::query::Query<'q, sqlx::MySql, sqlx::mysql::MySqlArguments>,
+        keys: impl Iterator<Item = &'q [u8]>,
+    ) -> sqlx::query::Query<'q, sqlx::MySql, sqlx::mysql::MySqlArguments> {
+        let mut q = q
+            .bind(self.consumer().as_str().as_bytes())
+            .bind(self.queue().as_str().as_bytes());
+        for key in keys {
+            q = q.bind(key);
+        }
+        q
+    }
+
+    /// The group's writes, inside its transaction: the dedup claims, the views, the stale
+    /// marks and the callers' writes; each member's outcome, or why the group must fall back.
+    async fn record_group(
+        &self,
+        conn: &mut MySqlConnection,
+        members: &[Member<'_>],
+    ) -> Result<Result<Vec<Outcome>, Fallback>, ApplyError> {
+        let consumer = self.consumer().as_str().as_bytes();
+        let queue = self.queue().as_str().as_bytes();
+        let statements = self.statements();
+
         // The dedup claims, in event id order.
         let mut by_id: Vec<&TaskEvent> = members.iter().map(|m| m.event).collect();
         by_id.sort_by(|a, b| a.id().as_str().as_bytes().cmp(b.id().as_str().as_bytes()));
@@ -276,11 +423,11 @@ impl Store {
         }
         match insert.execute(&mut *conn).await {
             Ok(r) if r.rows_affected() != by_id.len() as u64 => {
-                return Ok(GroupStep::Fallback(Fallback::Duplicate))
+                return Ok(Err(Fallback::Duplicate))
             }
             Ok(_) => {}
             Err(e) if mysql_number(&e) == Some(ER_DUP_ENTRY) => {
-                return Ok(GroupStep::Fallback(Fallback::Duplicate))
+                return Ok(Err(Fallback::Duplicate))
             }
             Err(e) => return Err(e.into()),
         }
@@ -296,10 +443,7 @@ impl Store {
         tasks.sort();
         tasks.dedup();
         let sql = lock_views(tasks.len());
-        let mut lock = sqlx::query(&sql).bind(consumer).bind(queue);
-        for t in &tasks {
-            lock = lock.bind(*t);
-        }
+        let lock = self.bind_identity(sqlx::query(&sql), tasks.iter().copied());
         let mut held: BTreeMap<Vec<u8>, View> = BTreeMap::new();
         for row in lock.fetch_all(&mut *conn).await? {
             let task: Vec<u8> = row.try_get(0)?;
@@ -316,7 +460,7 @@ impl Store {
         let running = statements.group_rule != GroupRule::ArrivalOrder;
         let judged = match judge(members, &order, &held, running) {
             Ok(judged) => judged,
-            Err(_conflict) => return Ok(GroupStep::Fallback(Fallback::Conflict)),
+            Err(_conflict) => return Ok(Err(Fallback::Conflict)),
         };
 
         // The views' new values: per task, the last event judged applied, and how many were.
@@ -336,7 +480,7 @@ impl Store {
                 Ok(r) if r.rows_affected() == created.len() as u64 => {}
                 Ok(_) => return Err(unexpected("the group's new views were not all created")),
                 Err(e) if mysql_number(&e) == Some(ER_DUP_ENTRY) => {
-                    return Ok(GroupStep::Fallback(Fallback::ViewRace))
+                    return Ok(Err(Fallback::ViewRace))
                 }
                 Err(e) => return Err(e.into()),
             }
@@ -358,11 +502,11 @@ impl Store {
             .collect();
         if !stale.is_empty() {
             let sql = mark_stale_rows(stale.len());
-            let mut q = sqlx::query(&sql).bind(consumer).bind(queue);
-            for e in &stale {
-                q = q.bind(e.id().as_str().as_bytes());
-            }
-            let r = q.execute(&mut *conn).await?;
+            let ids = stale.iter().map(|e| e.id().as_str().as_bytes());
+            let r = self
+                .bind_identity(sqlx::query(&sql), ids)
+                .execute(&mut *conn)
+                .await?;
             if r.rows_affected() != stale.len() as u64 {
                 return Err(unexpected("a stale event's inbox row was not marked"));
             }
@@ -377,21 +521,11 @@ impl Store {
                 outcome: judged.outcomes[k],
             };
             if members[k].write.write(&mut *conn, receipt).await.is_err() {
-                return Ok(GroupStep::Fallback(Fallback::Write));
+                return Ok(Err(Fallback::Write));
             }
         }
 
-        for m in members {
-            seam::reach(Point::BeforeCommit, m.event).await;
-        }
-        commit_sent.store(true, Ordering::SeqCst);
-        match conn.execute("COMMIT").await {
-            Ok(_) => Ok(GroupStep::Committed(judged.outcomes)),
-            // The server answered COMMIT with an error: a definite failure, nothing committed.
-            Err(e @ sqlx::Error::Database(_)) => Err(e.into()),
-            // No answer: the outcome is unknown, for every event of the group.
-            Err(_) => Err(ApplyError::CommitUnconfirmed),
-        }
+        Ok(Ok(judged.outcomes))
     }
 }
 
@@ -474,6 +608,14 @@ fn fill(results: &mut [Option<Applied>], which: &[usize], applied: Vec<Applied>)
     }
 }
 
+/// Whether `result` answers a duplicate (its commit replicated or not).
+fn duplicate(result: &Result<Outcome, ApplyError>) -> bool {
+    matches!(
+        result,
+        Ok(Outcome::Duplicate { .. }) | Err(ApplyError::Unreplicated(Outcome::Duplicate { .. }))
+    )
+}
+
 /// A group-wide error, for one member.
 fn same_error(e: &ApplyError) -> ApplyError {
     match e {
@@ -528,10 +670,11 @@ pub fn insert_inbox_rows(insert: &str, n: usize) -> String {
     )
 }
 
-/// Which of `n` events (consumer, queue, then the event ids) the inbox holds, committed.
+/// Which of `n` events (consumer, queue, then the event ids) the inbox holds, committed, with
+/// each one's digest and whether its first receipt applied.
 pub fn recorded_ids(n: usize) -> String {
     format!(
-        "SELECT event_id FROM receiver_inbox \
+        "SELECT event_id, event_digest, applied FROM receiver_inbox \
          WHERE consumer_name = ? AND queue_id = ? AND event_id IN ({})",
         rows("?", n)
     )

@@ -77,7 +77,7 @@
 //! still holds its locks.
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -206,12 +206,20 @@ pub struct Store {
     apply_timeout: Duration,
     require_replica_ack: bool,
     statements: &'static Statements,
+    /// How many more groups read the inbox before their dedup claims ([`Store::apply_group`]).
+    screen: Arc<AtomicU32>,
 }
 
 impl Store {
     /// The statements this store runs.
     pub(crate) fn statements(&self) -> &'static Statements {
         self.statements
+    }
+
+    /// The groups left to read the inbox before their dedup claims (shared by the store's
+    /// clones).
+    pub(crate) fn screen(&self) -> &AtomicU32 {
+        &self.screen
     }
 }
 
@@ -363,6 +371,7 @@ impl Store {
             apply_timeout: options.apply_timeout,
             require_replica_ack: options.require_replica_ack,
             statements,
+            screen: Arc::new(AtomicU32::new(0)),
         };
         // Fail at start, not at the first event, when `init` was never run. A server that
         // accepts the connection and then says nothing must not hold the start forever.
@@ -591,8 +600,8 @@ impl Store {
                     Step::Committed(outcome) => GroupStep::Committed(vec![outcome]),
                     Step::AlreadyRecorded => GroupStep::AlreadyRecorded(event),
                 }),
-            Work::Group(members) => {
-                self.group_transaction(conn.get(), members, commit_sent)
+            Work::Group { members, screen } => {
+                self.group_transaction(conn.get(), members, screen, commit_sent)
                     .await
             }
         };
@@ -651,7 +660,7 @@ impl Store {
                 return Err(ApplyError::Unreplicated(outcomes[0]));
             }
             Work::One(..) => Done::One(outcomes[0]),
-            Work::Group(_) => Done::Group {
+            Work::Group { .. } => Done::Group {
                 outcomes,
                 replicated,
             },

@@ -104,8 +104,12 @@ impl Fallback {
 pub(crate) enum Work<'a> {
     /// One event and the caller's write ([`Store::apply_until`]).
     One(&'a TaskEvent, &'a dyn BusinessWrite),
-    /// Several, each with its write, in one transaction ([`Store::apply_group`]).
-    Group(&'a [Member<'a>]),
+    /// Several, each with its write, in one transaction ([`Store::apply_group`]); `screen`:
+    /// the inbox is read for them first, and those recorded already are answered there.
+    Group {
+        members: &'a [Member<'a>],
+        screen: bool,
+    },
 }
 
 /// Where a transaction attempt ended, short of an error: committed with each event's outcome

@@ -201,6 +201,8 @@ struct Drained {
     server_cpu: Duration,
     receiver_cpu: Duration,
     platform_cpu: Duration,
+    /// Mean group size and fallbacks by cause, from consume's own metrics.
+    groups: String,
     ledger: String,
 }
 
@@ -326,6 +328,7 @@ async fn drain_into(
     env.push(("ORBIT_RECEIVER_DSN", dsn));
     env.push(("RECEIVER_CONCURRENCY", concurrency.to_string()));
     env.push(("RECEIVER_GROUP_MAX", group.to_string()));
+    env.push(("RECEIVER_METRICS_LISTEN", "127.0.0.1:0".to_owned()));
     env.extend(extra.iter().cloned());
     let consumer = Consumer::normal(&env);
     while !consumer.output().contains("consuming") {
@@ -368,6 +371,7 @@ async fn drain_into(
     let after = Counters::read(&mut admin, pid).await;
     let receiver_cpu = cpu_of(consumer.pid()) - receiver_from;
     let platform_cpu = cpu_of(orbit.pid()) - platform_from;
+    let groups = group_summary(&consumer.metrics_addr().await);
     let output = consumer.stop().await;
     let ledger = fixtures::check_ledger_on(&mut admin, &mut platform, sub.id.as_str(), "group")
         .await
@@ -384,9 +388,47 @@ async fn drain_into(
         server_cpu: (after.cpu - before.cpu).div_f64(n),
         receiver_cpu: receiver_cpu.div_f64(n),
         platform_cpu: platform_cpu.div_f64(n),
+        groups,
         ledger: format!(
             "0 violations ({} deliveries, {} events)",
             ledger.deliveries, ledger.events
+        ),
+    }
+}
+
+/// From consume's metrics at `addr`: the mean group size over its groups, and the groups that
+/// fell back, by cause (those that did).
+fn group_summary(addr: &str) -> String {
+    let (status, text) = fixtures::http_raw(addr, "GET", "/metrics", None, None);
+    assert_eq!(status, 200, "{text}");
+    let sample = |name: &str| -> f64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or(0.0)
+    };
+    let (sum, count) = (
+        sample("receiver_group_size_sum"),
+        sample("receiver_group_size_count"),
+    );
+    let fallbacks: Vec<String> = text
+        .lines()
+        .filter_map(|l| {
+            let rest = l.strip_prefix("receiver_group_fallbacks_total{reason=\"")?;
+            let (reason, value) = rest.split_once("\"} ")?;
+            let n: f64 = value.parse().ok()?;
+            (n > 0.0).then(|| format!("{reason} {n}"))
+        })
+        .collect();
+    match count {
+        0.0 => "no groups".to_owned(),
+        _ => format!(
+            "{count} groups of {:.1}; fallbacks: {}",
+            sum / count,
+            if fallbacks.is_empty() {
+                "none".to_owned()
+            } else {
+                fallbacks.join(", ")
+            }
         ),
     }
 }
@@ -395,8 +437,8 @@ async fn drain_into(
 fn print_drains(what: &str, drains: &[Drained]) {
     println!();
     println!("group bench: {what}");
-    println!("| group max | deliveries | COMMIT answers dropped | events/s | ÷ group 1 | apply p50 ms | p99 ms | statements | commits | InnoDB fsyncs | binlog group commits | server CPU µs | ÷ group 1 | receiver CPU µs | platform CPU µs | ledger |");
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("| group max | deliveries | COMMIT answers dropped | events/s | ÷ group 1 | apply p50 ms | p99 ms | statements | commits | InnoDB fsyncs | binlog group commits | server CPU µs | ÷ group 1 | receiver CPU µs | platform CPU µs | groups | ledger |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     let base = &drains[0];
     for d in drains {
         let pct = |p: f64| {
@@ -406,7 +448,7 @@ fn print_drains(what: &str, drains: &[Drained]) {
                 .unwrap_or(0)
         };
         println!(
-            "| {} | {} | {} | {:.0} | {:.2} | {} | {} | {:.2} | {:.3} | {:.3} | {:.3} | {:.0} | {:.2} | {:.0} | {:.0} | {} |",
+            "| {} | {} | {} | {:.0} | {:.2} | {} | {} | {:.2} | {:.3} | {:.3} | {:.3} | {:.0} | {:.2} | {:.0} | {:.0} | {} | {} |",
             d.group,
             d.deliveries,
             d.dropped,
@@ -422,6 +464,7 @@ fn print_drains(what: &str, drains: &[Drained]) {
             d.server_cpu.as_secs_f64() / base.server_cpu.as_secs_f64(),
             d.receiver_cpu.as_secs_f64() * 1e6,
             d.platform_cpu.as_secs_f64() * 1e6,
+            d.groups,
             d.ledger
         );
     }
@@ -438,6 +481,10 @@ fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(3200);
+    #[allow(clippy::disallowed_methods)] // a bench knob, not receiver configuration
+    let only = std::env::var("GROUP_BENCH_ONLY").unwrap_or_default();
+    // The sections to run (`GROUP_BENCH_ONLY`, comma-separated; all when unset).
+    let part = |name: &str| only.is_empty() || only.split(',').any(|p| p.trim() == name);
     let server = testdb::Server::local_with_args(
         [
             "--log-bin=group-bench",
@@ -491,7 +538,7 @@ fn main() {
         let pid = server.pid();
         println!("| concurrency | group | events/s | ÷ group 1 | answer p50 ms | p99 ms | statements | commits | InnoDB fsyncs | binlog group commits | server CPU µs |");
         println!("|---|---|---|---|---|---|---|---|---|---|---|");
-        for concurrency in [4usize, 16] {
+        for concurrency in [4usize, 16].into_iter().filter(|_| part("store")) {
             let mut alone = None;
             for group in [1usize, 4, 16, 64] {
                 let tag = format!("c{concurrency}g{group}");
@@ -515,15 +562,17 @@ fn main() {
         }
         store.close().await;
         let mut drains = Vec::new();
-        for group in [1, 16] {
-            drains.push(consume_drain(&server, Load::backlog(drain / 4, group)).await);
+        if part("consume") {
+            for group in [1, 16] {
+                drains.push(consume_drain(&server, Load::backlog(drain / 4, group)).await);
+            }
+            print_drains(
+                "receiver consume at concurrency 16 draining a backlog, on this server of its own (the platform on another)",
+                &drains,
+            );
         }
-        print_drains(
-            "receiver consume at concurrency 16 draining a backlog, on this server of its own (the platform on another)",
-            &drains,
-        );
         // The curve: consume by concurrency and group size.
-        for concurrency in [4, 16] {
+        for concurrency in [4, 16].into_iter().filter(|_| part("curve")) {
             let mut curve = Vec::new();
             for group in [1, 4, 16, 64] {
                 let load = Load {
@@ -537,114 +586,122 @@ fn main() {
                 &curve,
             );
         }
-        let mut lossy = Vec::new();
-        for group in [1, 16] {
-            let load = Load {
-                drop_one_in: Some(100),
-                ..Load::backlog(drain / 4, group)
-            };
-            lossy.push(consume_drain(&server, load).await);
-        }
-        print_drains(
-            "the same backlog with commit-proxy dropping the OK to one COMMIT in a hundred (3 s leases: each lost answer's deliveries come back as duplicates)",
-            &lossy,
-        );
-        let mut low = Vec::new();
-        for group in [1, 16] {
-            let load = Load {
-                pace: Some(50),
-                ..Load::backlog(1000, group)
-            };
-            low.push(consume_drain(&server, load).await);
-        }
-        print_drains(
-            "receiver consume at concurrency 16, 100 deliveries a second for 20 s (50 tasks a second, submitted and started)",
-            &low,
-        );
-        // The same backlog into a semi-synchronous primary with one replica, the gate on.
-        let topology = tokio::task::spawn_blocking(|| {
-            testdb::Topology::start(testdb::ReplicationOptions {
-                replicas: 1,
-                ..testdb::ReplicationOptions::default()
-            })
-        })
-        .await
-        .unwrap()
-        .expect("a primary and a replica");
-        let primary = topology.member(topology.primary());
-        let mut gated = Vec::new();
-        for group in [1, 16] {
-            let db = primary.provision().await.unwrap();
-            fixtures::initialise(&db).await;
-            topology
-                .wait_caught_up(Duration::from_secs(30))
-                .await
-                .unwrap();
-            let gate = [("RECEIVER_REQUIRE_REPLICA_ACK", "1".to_owned())];
-            let load = Load::backlog(drain / 4, group);
-            gated.push(drain_into(&db, primary.pid(), load, &gate).await);
-        }
-        let mut admin = topology.admin(topology.primary()).await.unwrap();
-        let settings = sqlx::query(
-            "SELECT @@rpl_semi_sync_master_enabled, @@rpl_semi_sync_master_wait_point, \
-             @@innodb_flush_log_at_trx_commit, @@sync_binlog, @@binlog_format",
-        )
-        .fetch_one(&mut admin)
-        .await
-        .unwrap();
-        print_drains(
-            &format!(
-                "the same backlog into a semi-synchronous primary (one replica acknowledging; rpl_semi_sync_master_enabled={}, wait point {}, innodb_flush_log_at_trx_commit={}, sync_binlog={}, binlog_format={}), RECEIVER_REQUIRE_REPLICA_ACK=1",
-                settings.get::<i64, _>(0),
-                settings.get::<String, _>(1),
-                settings.get::<u32, _>(2),
-                settings.get::<u32, _>(3),
-                settings.get::<String, _>(4),
-            ),
-            &gated,
-        );
-        for (g, one) in gated.iter().zip(&drains) {
-            println!(
-                "  group max {}: the semi-synchronous primary with the gate ÷ the one server: {:.2}",
-                g.group,
-                g.per_second / one.per_second
+        if part("lossy") {
+            let mut lossy = Vec::new();
+            for group in [1, 16] {
+                let load = Load {
+                    drop_one_in: Some(100),
+                    ..Load::backlog(drain / 4, group)
+                };
+                lossy.push(consume_drain(&server, load).await);
+            }
+            print_drains(
+                "the same backlog with commit-proxy dropping the OK to one COMMIT in a hundred (3 s leases: each lost answer's deliveries come back as duplicates)",
+                &lossy,
             );
         }
-        drop(topology);
-        // The same backlog into one node of a three-node Galera cluster (each COMMIT
-        // certified by all three).
-        let cluster = tokio::task::spawn_blocking(|| testdb::Cluster::start(3))
+        if part("low") {
+            let mut low = Vec::new();
+            for group in [1, 16] {
+                let load = Load {
+                    pace: Some(50),
+                    ..Load::backlog(1000, group)
+                };
+                low.push(consume_drain(&server, load).await);
+            }
+            print_drains(
+                "receiver consume at concurrency 16, 100 deliveries a second for 20 s (50 tasks a second, submitted and started)",
+                &low,
+            );
+        }
+        // The same backlog into a semi-synchronous primary with one replica, the gate on.
+        if part("semisync") {
+            let topology = tokio::task::spawn_blocking(|| {
+                testdb::Topology::start(testdb::ReplicationOptions {
+                    replicas: 1,
+                    ..testdb::ReplicationOptions::default()
+                })
+            })
             .await
             .unwrap()
-            .expect("a three-node Galera cluster (galera-4)");
-        let node = cluster.node(0);
-        let mut certified = Vec::new();
-        for group in [1, 16] {
-            let db = node.provision().await.unwrap();
-            fixtures::initialise(&db).await;
-            let load = Load::backlog(drain / 4, group);
-            certified.push(drain_into(&db, node.pid(), load, &[]).await);
-        }
-        let mut admin = MySqlConnection::connect(node.admin_url().expose())
+            .expect("a primary and a replica");
+            let primary = topology.member(topology.primary());
+            let mut gated = Vec::new();
+            for group in [1, 16] {
+                let db = primary.provision().await.unwrap();
+                fixtures::initialise(&db).await;
+                topology
+                    .wait_caught_up(Duration::from_secs(30))
+                    .await
+                    .unwrap();
+                let gate = [("RECEIVER_REQUIRE_REPLICA_ACK", "1".to_owned())];
+                let load = Load::backlog(drain / 4, group);
+                gated.push(drain_into(&db, primary.pid(), load, &gate).await);
+            }
+            let mut admin = topology.admin(topology.primary()).await.unwrap();
+            let settings = sqlx::query(
+                "SELECT @@rpl_semi_sync_master_enabled, @@rpl_semi_sync_master_wait_point, \
+                 @@innodb_flush_log_at_trx_commit, @@sync_binlog, @@binlog_format",
+            )
+            .fetch_one(&mut admin)
             .await
             .unwrap();
-        let settings = sqlx::query(
-            "SELECT @@innodb_flush_log_at_trx_commit, @@sync_binlog, @@log_bin, \
-             (SELECT VARIABLE_VALUE FROM information_schema.GLOBAL_STATUS \
-              WHERE VARIABLE_NAME = 'wsrep_cluster_size')",
-        )
-        .fetch_one(&mut admin)
-        .await
-        .unwrap();
-        print_drains(
-            &format!(
-                "the same backlog into one node of a Galera cluster of {} (innodb_flush_log_at_trx_commit={}, sync_binlog={}, log_bin={}; durability by replication to every node)",
-                settings.get::<String, _>(3),
-                settings.get::<u32, _>(0),
-                settings.get::<u32, _>(1),
-                settings.get::<i64, _>(2),
-            ),
-            &certified,
-        );
+            print_drains(
+                &format!(
+                    "the same backlog into a semi-synchronous primary (one replica acknowledging; rpl_semi_sync_master_enabled={}, wait point {}, innodb_flush_log_at_trx_commit={}, sync_binlog={}, binlog_format={}), RECEIVER_REQUIRE_REPLICA_ACK=1",
+                    settings.get::<i64, _>(0),
+                    settings.get::<String, _>(1),
+                    settings.get::<u32, _>(2),
+                    settings.get::<u32, _>(3),
+                    settings.get::<String, _>(4),
+                ),
+                &gated,
+            );
+            for (g, one) in gated.iter().zip(&drains) {
+                println!(
+                    "  group max {}: the semi-synchronous primary with the gate ÷ the one server: {:.2}",
+                    g.group,
+                    g.per_second / one.per_second
+                );
+            }
+            drop(topology);
+        }
+        // The same backlog into one node of a three-node Galera cluster (each COMMIT
+        // certified by all three).
+        if part("galera") {
+            let cluster = tokio::task::spawn_blocking(|| testdb::Cluster::start(3))
+                .await
+                .unwrap()
+                .expect("a three-node Galera cluster (galera-4)");
+            let node = cluster.node(0);
+            let mut certified = Vec::new();
+            for group in [1, 16] {
+                let db = node.provision().await.unwrap();
+                fixtures::initialise(&db).await;
+                let load = Load::backlog(drain / 4, group);
+                certified.push(drain_into(&db, node.pid(), load, &[]).await);
+            }
+            let mut admin = MySqlConnection::connect(node.admin_url().expose())
+                .await
+                .unwrap();
+            let settings = sqlx::query(
+                "SELECT @@innodb_flush_log_at_trx_commit, @@sync_binlog, @@log_bin, \
+                 (SELECT VARIABLE_VALUE FROM information_schema.GLOBAL_STATUS \
+                  WHERE VARIABLE_NAME = 'wsrep_cluster_size')",
+            )
+            .fetch_one(&mut admin)
+            .await
+            .unwrap();
+            print_drains(
+                &format!(
+                    "the same backlog into one node of a Galera cluster of {} (innodb_flush_log_at_trx_commit={}, sync_binlog={}, log_bin={}; durability by replication to every node)",
+                    settings.get::<String, _>(3),
+                    settings.get::<u32, _>(0),
+                    settings.get::<u32, _>(1),
+                    settings.get::<i64, _>(2),
+                ),
+                &certified,
+            );
+        }
     });
 }

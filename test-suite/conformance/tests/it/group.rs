@@ -348,6 +348,49 @@ async fn a_group_of_sixteen_costs_at_most_half_a_round_trip_and_a_sixteenth_of_a
         1 + 4,
         "the first try and each duplicate roll back"
     );
+
+    // Redeliveries keep coming: the store's next group reads which of its events are recorded
+    // and answers those inside the group, with no rollback and no transaction of their own.
+    let mut third: Vec<TaskEvent> = shape("s");
+    third[..2].clone_from_slice(&events[..2]);
+    third[2..4].clone_from_slice(&again[4..6]);
+    let f = counters(&mut admin).await;
+    let (answers, fallback) = group(&store, &third).await;
+    let g = counters(&mut admin).await;
+    assert_eq!(
+        fallback, None,
+        "the recorded events are answered in the group"
+    );
+    assert_eq!(
+        &answers[..5],
+        [
+            "duplicate:false",
+            "duplicate:false",
+            "duplicate:true",
+            "duplicate:true",
+            "applied"
+        ]
+    );
+    let questions = g[0] - f[0] - reading;
+    assert!(
+        questions <= 8,
+        "{questions} statements for 16 events, four of them redeliveries, where eight at most are the group's"
+    );
+    assert_eq!(g[1] - f[1], 1, "one commit for the group");
+    assert_eq!(g[2] - f[2], 0, "no rollback");
+
+    // A recorded event delivered with other content: the group falls back, that event alone
+    // reports the conflict, and the others still apply.
+    let mut fourth: Vec<TaskEvent> = shape("t");
+    fourth[5] = EventSpec::cancelled("e-s9", "task-s9", 10).event();
+    let (answers, fallback) = group(&store, &fourth).await;
+    assert_eq!(fallback, Some(Fallback::Duplicate));
+    assert_eq!(answers[5], "conflict");
+    assert_eq!(
+        answers.iter().filter(|a| *a == "applied").count(),
+        15,
+        "{answers:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
