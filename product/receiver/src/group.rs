@@ -1,12 +1,16 @@
 //! Groups in `consume`: deliveries that become ready while an apply runs are applied together,
 //! in one transaction ([`result_inbox::Store::apply_group`]), up to `RECEIVER_GROUP_MAX`.
 //!
-//! Groups form from load alone, never from a timer. A few workers (two, or more when the
-//! concurrency is many groups wide) each take the oldest waiting delivery and every delivery
-//! waiting behind it, up to the group size and [`result_inbox::GROUP_MAX_BYTES`], and apply them
-//! at once. An idle receiver therefore applies a single delivery as soon as it comes, with
-//! nothing added to its latency; under a backlog, what arrives during one group's transaction
-//! makes the next group.
+//! Groups form from load alone, never from a timer. A worker takes the oldest waiting delivery
+//! and every delivery waiting behind it, up to the group size and
+//! [`result_inbox::GROUP_MAX_BYTES`], and applies them at once. The lead worker takes whatever
+//! waits as soon as it is free: an idle receiver therefore applies a single delivery as soon as
+//! it comes, with nothing added to its latency, and under a backlog what arrives during one
+//! group's transaction makes the next group. The other workers (one, or more when the
+//! concurrency is many groups wide) help only when a full group is waiting, or when the oldest
+//! delivery has waited [`STALLED`]: a group held up (by a lock, a slow commit) does not hold
+//! back the deliveries behind it, and otherwise groups are not split into smaller ones that
+//! cost a transaction each.
 //!
 //! A delivery joins a group only if its apply may take as long as the group's: the group ends by
 //! the earliest deadline of its members (each delivery's lease minus the margin for the ACK),
@@ -20,6 +24,7 @@
 use std::collections::VecDeque;
 use std::ops::Deref;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use result_inbox::store::NoWrite;
 use result_inbox::{Applied, ApplyError, Member, Store, TaskEvent, GROUP_MAX_BYTES};
@@ -54,10 +59,18 @@ impl std::fmt::Debug for Applier {
     }
 }
 
+/// How long the oldest delivery waits for the lead worker before another worker takes it: far
+/// below any lease, and above a durable commit's time (a semi-synchronous one included), so
+/// that helpers step in for a group held up, not for one committing.
+pub const STALLED: Duration = Duration::from_millis(100);
+
 /// What waits for a worker, and the workers.
 struct Groups {
     waiting: Mutex<VecDeque<Job>>,
+    /// A delivery came: for the lead worker.
     ready: Notify,
+    /// A full group is waiting: for the other workers.
+    full: Notify,
     max: usize,
     workers: Mutex<Vec<JoinHandle<()>>>,
 }
@@ -66,6 +79,7 @@ struct Groups {
 struct Job {
     event: TaskEvent,
     deadline: Instant,
+    since: Instant,
     answer: oneshot::Sender<(TaskEvent, Applied)>,
 }
 
@@ -87,14 +101,17 @@ impl Applier {
         let groups = Arc::new(Groups {
             waiting: Mutex::new(VecDeque::new()),
             ready: Notify::new(),
+            full: Notify::new(),
             max,
             workers: Mutex::new(Vec::new()),
         });
-        // Two groups in flight: one commits while the next forms and runs. More only when the
-        // concurrency is wider than two full groups.
+        // As many workers as full groups fit in the concurrency, and a helper at least.
         let workers = concurrency.div_ceil(max).max(2).min(concurrency.max(1));
         let handles = (0..workers)
-            .map(|_| tokio::spawn(work(store.clone(), groups.clone(), metrics.clone())))
+            .map(|k| {
+                let role = if k == 0 { Role::Lead } else { Role::Helper };
+                tokio::spawn(work(store.clone(), groups.clone(), metrics.clone(), role))
+            })
             .collect();
         *groups.workers.lock().expect("not poisoned") = handles;
         Applier {
@@ -123,12 +140,20 @@ impl Applier {
         };
         let id = event.id().to_string();
         let (answer, answered) = oneshot::channel();
-        groups.waiting.lock().expect("not poisoned").push_back(Job {
-            event,
-            deadline,
-            answer,
-        });
+        let waiting = {
+            let mut waiting = groups.waiting.lock().expect("not poisoned");
+            waiting.push_back(Job {
+                event,
+                deadline,
+                since: Instant::now(),
+                answer,
+            });
+            waiting.len()
+        };
         groups.ready.notify_one();
+        if waiting >= groups.max {
+            groups.full.notify_one();
+        }
         match answered.await {
             Ok((event, applied)) => Handled::of(&event, &applied.result, applied.reasons),
             // The worker was stopped mid-group (the receiver is stopping): whether the group
@@ -147,19 +172,51 @@ impl Applier {
     }
 }
 
-/// A worker: takes the oldest waiting delivery and what waits behind it, applies them as one
-/// group, answers each; then the next.
-async fn work(store: Arc<Store>, groups: Arc<Groups>, metrics: Metrics) {
+/// Which deliveries a worker takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Role {
+    /// Whatever waits, as soon as it is free.
+    Lead,
+    /// A full group, or deliveries that waited [`STALLED`].
+    Helper,
+}
+
+/// A worker: takes the oldest waiting delivery and what waits behind it (as its role allows),
+/// applies them as one group, answers each; then the next.
+async fn work(store: Arc<Store>, groups: Arc<Groups>, metrics: Metrics, role: Role) {
     loop {
         let jobs = loop {
-            let taken = take(
-                &mut groups.waiting.lock().expect("not poisoned"),
-                groups.max,
-            );
+            let (taken, left) = {
+                let mut waiting = groups.waiting.lock().expect("not poisoned");
+                let due = match role {
+                    Role::Lead => true,
+                    Role::Helper => {
+                        waiting.len() >= groups.max
+                            || waiting
+                                .front()
+                                .is_some_and(|j| j.since.elapsed() >= STALLED)
+                    }
+                };
+                let taken = if due {
+                    take(&mut waiting, groups.max)
+                } else {
+                    Vec::new()
+                };
+                (taken, waiting.len())
+            };
+            if left >= groups.max {
+                groups.full.notify_one();
+            }
             if !taken.is_empty() {
                 break taken;
             }
-            groups.ready.notified().await;
+            match role {
+                Role::Lead => groups.ready.notified().await,
+                // Woken by a full group, or after a while to look for deliveries held up.
+                Role::Helper => {
+                    let _ = tokio::time::timeout(STALLED / 2, groups.full.notified()).await;
+                }
+            }
         };
         let members: Vec<Member<'_>> = jobs
             .iter()
