@@ -96,8 +96,9 @@ pub enum GroupRule {
     /// is answered applied, those that did not commit (a conflict, an unanswered COMMIT)
     /// included.
     AnswersAsCommitted,
-    /// After a duplicate, the rest that committed as a group are applied once more, each
-    /// alone, and the second answers (duplicates) stand.
+    /// After a group met an event recorded already (rolling back, or reading the inbox
+    /// first), the events it then committed as a group are applied once more, each alone, and
+    /// the second answers (duplicates) stand.
     RestTwice,
 }
 

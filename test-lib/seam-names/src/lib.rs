@@ -218,9 +218,9 @@ pub enum Mutant {
     /// every event of the group is ACKed, a conflict among them included (R-STORE-6). A
     /// group that commits whole behaves.
     AcksPartlyCommittedGroup,
-    /// After a duplicate split a group, the rest is applied as a group and then once more
-    /// each alone, and the second answers stand: first receipts are reported as duplicates
-    /// (the receiver's own account; nothing in the tables differs).
+    /// After a group met a redelivery, the events it committed as a group are applied once
+    /// more each alone, and the second answers stand: first receipts are reported as
+    /// duplicates (the receiver's own account; nothing in the tables differs).
     FallbackAppliesTwice,
 }
 
