@@ -639,6 +639,105 @@ async fn after_a_duplicate_splits_a_group_each_first_receipt_is_logged_applied_a
     );
 }
 
+/// One group at a time is the rule, but a group held up must not hold back the deliveries
+/// behind it: with one task's view locked by another session, its delivery's group waits for
+/// the lock, and the new tasks delivered meanwhile are applied and ACKed by another worker
+/// while it does (after 100 ms; the apply's own budget is 5 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_held_on_a_lock_does_not_hold_back_the_deliveries_behind_it() {
+    use sqlx::{Connection, Executor};
+    use std::time::{Duration, Instant};
+    let (orbit, client, sub, mut env) = fixtures::subscribed_receiver(
+        &["--lease-seconds", "30"],
+        &["task.submitted", "task.cancelled"],
+    )
+    .await;
+    env.push(("RECEIVER_CONCURRENCY", "16".into()));
+    env.push(("RECEIVER_GROUP_MAX", "16".into()));
+    let consumer = fixtures::process::Consumer::normal(&env);
+    let held = client.submit_task(QUEUE, None).await.unwrap();
+    fixtures::all_acked(&client, &sub.id, Some(1), Duration::from_secs(20)).await;
+
+    // Another session locks the task's view; its cancellation's group then waits on it.
+    let mut locker = MySqlConnection::connect(orbit.db.admin_receiver_url().expose())
+        .await
+        .unwrap();
+    // That one row only, by its whole key, as the receiver's own transactions lock rows.
+    locker
+        .execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+        .await
+        .unwrap();
+    locker.execute("BEGIN").await.unwrap();
+    sqlx::query(
+        "SELECT task_version FROM receiver_task_views \
+         WHERE consumer_name = 'task-result-view' AND queue_id = ? AND task_id = ? FOR UPDATE",
+    )
+    .bind(QUEUE)
+    .bind(held.id.as_str())
+    .fetch_one(&mut locker)
+    .await
+    .unwrap();
+    client.cancel_task(&held.id).await.unwrap();
+    let state_of = |task: String| {
+        let (client, sub) = (client.clone(), sub.id.clone());
+        async move {
+            client
+                .list_deliveries(&sub, &Default::default())
+                .await
+                .unwrap()
+                .into_iter()
+                .filter(|d| d.task_id == task)
+                .map(|d| d.state)
+                .collect::<Vec<_>>()
+        }
+    };
+    // The cancellation is leased (taken by a worker), not ACKed.
+    fixtures::eventually(
+        Duration::from_secs(10),
+        "the held task's cancellation leased",
+        || {
+            let states = state_of(held.id.clone());
+            async move { states.await.contains(&"LEASED".to_owned()) }
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    let started = Instant::now();
+    let mut others = Vec::new();
+    for _ in 0..5 {
+        others.push(client.submit_task(QUEUE, None).await.unwrap().id);
+    }
+    // Each new task's delivery ACKed, or the time runs out.
+    let mut waiting = others.clone();
+    while !waiting.is_empty() && started.elapsed() < Duration::from_secs(3) {
+        let mut left = Vec::new();
+        for task in waiting {
+            if state_of(task.clone()).await != ["ACKED"] {
+                left.push(task);
+            }
+        }
+        waiting = left;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let waited = started.elapsed();
+    let still_held = state_of(held.id.clone()).await;
+    // Released: the held group commits, and every delivery ends ACKed.
+    locker.execute("ROLLBACK").await.unwrap();
+    fixtures::all_acked(&client, &sub.id, Some(7), Duration::from_secs(20)).await;
+    let log = consumer.output();
+    consumer.stop().await;
+    assert!(
+        waiting.is_empty(),
+        "{} new deliveries not ACKed within {waited:?} behind the held group\n{log}",
+        waiting.len()
+    );
+    assert!(
+        still_held.contains(&"LEASED".to_owned()),
+        "the held task's cancellation should still have waited for the lock: {still_held:?}\n{log}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_process_killed_inside_a_group_loses_nothing_and_a_new_one_applies_each_event_once() {
     use fixtures::process::{Barrier, Consumer};
