@@ -64,9 +64,10 @@ use crate::event::{Rejection, TaskEvent};
 use crate::outcome::Outcome;
 use crate::seam::{self, Point};
 use crate::statements::GroupRule;
-use crate::store::{Applied, Retries, Store};
+use crate::store::{digest_column, Applied, Retries, Store};
 use crate::work::{Done, GroupStep, Receipt, Work};
 pub use crate::work::{Fallback, Member};
+use canonical_form::Digest;
 
 /// The most bytes of stored events one group carries: its inbox `INSERT` stays well below
 /// MySQL's and MariaDB's default `max_allowed_packet` (16 MiB and more) with every event at
@@ -360,19 +361,15 @@ impl Store {
             .bind_identity(sqlx::query(&sql), ids)
             .fetch_all(&mut *conn)
             .await?;
-        let mut held: BTreeMap<Vec<u8>, ([u8; 32], bool)> = BTreeMap::new();
+        let mut held: BTreeMap<Vec<u8>, (Digest, bool)> = BTreeMap::new();
         for row in rows {
-            let digest: Vec<u8> = row.try_get(1)?;
-            let digest: [u8; 32] = digest
-                .try_into()
-                .map_err(|_| unexpected("a stored digest is not 32 bytes"))?;
-            held.insert(row.try_get(0)?, (digest, row.try_get(2)?));
+            held.insert(row.try_get(0)?, (digest_column(&row, 1)?, row.try_get(2)?));
         }
         let mut verdicts = Vec::new();
         for (k, m) in members.iter().enumerate() {
             match held.get(m.event.id().as_str().as_bytes()) {
                 None => {}
-                Some((digest, applied)) if *digest == m.event.digest().0 => {
+                Some((digest, applied)) if *digest == m.event.digest() => {
                     verdicts.push((k, Outcome::Duplicate { applied: *applied }));
                 }
                 Some(_) => return Ok(None),

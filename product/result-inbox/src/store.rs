@@ -923,7 +923,10 @@ enum Step {
 }
 
 /// A `BINARY(32)` digest column.
-fn digest_column(row: &sqlx::mysql::MySqlRow, index: usize) -> Result<Digest, ApplyError> {
+pub(crate) fn digest_column(
+    row: &sqlx::mysql::MySqlRow,
+    index: usize,
+) -> Result<Digest, ApplyError> {
     let bytes: Vec<u8> = row.try_get(index)?;
     let bytes: [u8; 32] = bytes.try_into().map_err(|_| {
         ApplyError::Storage(StorageError::unexpected("a stored digest is not 32 bytes"))
