@@ -87,34 +87,90 @@ impl Level {
 
 pub use fixtures::rules::{rule_named, rules_named};
 
-/// ACKs the platform refused in the worlds of the case running now (the kit runs one case at
-/// a time): counted as each world ends, from orbit-dev's `/metrics`.
-static REFUSED_ACKS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+/// What one run of one case found as its worlds ended: held by that run's [`Ctx`] and the
+/// worlds made from it, never by the process, so that cases running at once (`--jobs`) cannot
+/// read or clear each other's findings. [`Case::run`] makes a new one for every run.
+#[derive(Debug, Default)]
+pub(crate) struct Findings {
+    /// ACKs the platform refused in the case's worlds, from orbit-dev's `/metrics`.
+    refused_acks: std::sync::atomic::AtomicU64,
+    /// What the receiver printed that it must not (a token, a password, a lease proof, a result
+    /// body the case sent), found in every line of every world ([`world::leak_in`]), not only
+    /// in the `no-secrets` case's.
+    leaks: std::sync::Mutex<Vec<String>>,
+    /// `consume`s that ended by themselves (no signal from the kit): a wait inside the case may
+    /// not have looked.
+    exits: std::sync::Mutex<Vec<String>>,
+    /// How many worlds the case has started: each world's platform varies its events by the
+    /// seed, the case and this count, so a case's worlds are the same at any `--jobs`.
+    worlds: std::sync::atomic::AtomicU64,
+}
 
-/// What the receiver printed that it must not (a token, a password, a lease proof), found in
-/// the worlds of the case running now as each ends ([`world::leak_in`]): every line of every
-/// case is read, not only the `no-secrets` case's.
-static LEAKS: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+impl Findings {
+    pub(crate) fn refused(&self, acks: u64) {
+        self.refused_acks
+            .fetch_add(acks, std::sync::atomic::Ordering::SeqCst);
+    }
 
-/// `consume`s that ended by themselves (no signal from the kit) in the worlds of the case
-/// running now, as each world ends: a wait inside a case may not have looked.
-static EXITS: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+    pub(crate) fn leak(&self, what: String) {
+        push(&self.leaks, what);
+    }
 
-/// Where the kit's last panic happened (`file:line`), kept by the hook [`quiet_panics`]
-/// installs.
-static LAST_PANIC: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
+    pub(crate) fn exit(&self, what: String) {
+        push(&self.exits, what);
+    }
+
+    /// The number of the next world of this case, from 0.
+    pub(crate) fn next_world(&self) -> u64 {
+        self.worlds
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+    }
+
+    fn first(found: &std::sync::Mutex<Vec<String>>) -> Option<String> {
+        found
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .first()
+            .cloned()
+    }
+}
+
+fn push(found: &std::sync::Mutex<Vec<String>>, what: String) {
+    found
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .push(what);
+}
+
+/// Where a case's kit code panicked (`file:line`), written by the hook [`quiet_panics`]
+/// installs while that case's future runs; one cell per run of a case.
+type PanicCell = std::sync::Arc<std::sync::Mutex<Option<String>>>;
+
+tokio::task_local! {
+    /// The case whose future is being polled, and where its panic is noted: the panic hook
+    /// runs on the panicking thread inside that poll, so it reaches the case's own cell.
+    static PANICKED: (&'static str, PanicCell);
+}
 
 /// Replaces the panic hook's report (a message and, with `RUST_BACKTRACE`, a backtrace on
-/// standard error) with a note of where it happened: [`Case::run`] turns the panic into the
-/// case's one-line message.
+/// standard error) with a note of where it happened, in the cell of the case that panicked:
+/// [`Case::run`] turns the panic into that case's one-line message. A panic outside any case
+/// (the runner's own) is reported as usual.
 pub fn quiet_panics() {
-    std::panic::set_hook(Box::new(|info| {
+    let usual = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
         let at = info
             .location()
             .map(|l| format!("{}:{}", l.file(), l.line()))
             .unwrap_or_default();
-        if let Ok(mut last) = LAST_PANIC.lock() {
-            *last = Some(at);
+        let noted = PANICKED.try_with(|(case, cell)| {
+            *cell
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) =
+                Some(format!("{at}, in case {case}"));
+        });
+        if noted.is_err() {
+            usual(info);
         }
     }));
 }
@@ -135,12 +191,44 @@ pub struct Case {
 }
 
 /// What a case gets: the receiver's command line, the run's seed, and where the receiver's
-/// output is copied when the case's worlds end (the runner keeps it for a failed case).
+/// output is copied when the case's worlds end (the runner keeps it for a failed case); and,
+/// made afresh by [`Case::run`], what this run of the case found.
 #[derive(Debug, Clone)]
 pub struct Ctx {
     pub receiver: String,
     pub seed: u64,
     pub logs: Option<std::path::PathBuf>,
+    /// The case this context belongs to (set by [`Case::run`]).
+    case: &'static str,
+    found: std::sync::Arc<Findings>,
+}
+
+impl Ctx {
+    pub fn new(receiver: String, seed: u64, logs: Option<std::path::PathBuf>) -> Ctx {
+        Ctx {
+            receiver,
+            seed,
+            logs,
+            case: "",
+            found: std::sync::Arc::default(),
+        }
+    }
+
+    /// What this run of the case found so far.
+    pub(crate) fn findings(&self) -> std::sync::Arc<Findings> {
+        std::sync::Arc::clone(&self.found)
+    }
+
+    /// The seed of this case's next world: the run's seed, the case's name and the world's
+    /// number, so that which worlds a case gets does not depend on which cases ran beside it.
+    pub(crate) fn world_seed(&self) -> u64 {
+        let case = self.case.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        });
+        self.seed
+            .wrapping_add(case)
+            .wrapping_add(self.found.next_world())
+    }
 }
 
 /// Defines [`CaseId`] and [`cases`] from one list, so that a case's identity and its entry
@@ -339,47 +427,25 @@ impl std::fmt::Debug for Case {
 }
 
 impl Case {
-    /// Runs the case; a panic of the kit becomes an `Err` that says so, in one line. When the
-    /// platform refused ACKs in the case, a failure names that cause first (R-SDK-2: an ACK
-    /// must carry the proof of the delivery's current lease) and a pass notes it.
+    /// Runs the case with findings of its own; a panic of the kit becomes an `Err` that says
+    /// so, in one line. When the platform refused ACKs in the case, a failure names that cause
+    /// first (R-SDK-2: an ACK must carry the proof of the delivery's current lease) and a pass
+    /// notes it.
     pub async fn run(&self, ctx: Ctx) -> Verdict {
-        REFUSED_ACKS.store(0, std::sync::atomic::Ordering::SeqCst);
-        let take = |found: &std::sync::Mutex<Vec<String>>| {
-            found
-                .lock()
-                .map(|mut l| std::mem::take(&mut *l))
-                .unwrap_or_default()
+        let ctx = Ctx {
+            case: self.name,
+            found: std::sync::Arc::default(),
+            ..ctx
         };
-        take(&LEAKS);
-        take(&EXITS);
+        let found = ctx.findings();
         let verdict = self.run_caught(ctx).await;
-        let refused = REFUSED_ACKS.load(std::sync::atomic::Ordering::SeqCst);
-        // A consume that exited by itself is the story of any failure after it, and fails a
-        // case that did not notice; a secret printed fails any case, first.
-        let verdict = match (take(&EXITS).into_iter().next(), verdict) {
-            (None, v) => v,
-            (Some(_), Err(why)) if why.starts_with("R-CLI-3: consume exited") => Err(why),
-            (Some(exit), Ok(_)) => Err(exit),
-            (Some(exit), Err(why)) => Err(format!("{exit}; then the case saw: {why}")),
-        };
-        let verdict = match (take(&LEAKS).into_iter().next(), verdict) {
-            (None, v) => v,
-            (Some(leak), Ok(_)) => Err(leak),
-            (Some(leak), Err(why)) => Err(format!("{leak}; then: {why}")),
-        };
-        match verdict {
-            Err(why) if refused > 0 => Err(format!(
-                "R-SDK-2: the platform refused {refused} ACK(s) in this case (an ACK with the proof of a superseded or expired lease, or for no delivery): look there first; then: {why}"
-            )),
-            Ok(saw) if refused > 0 => Ok(format!(
-                "{saw}; note R-SDK-2: the platform refused {refused} ACK(s) in this case"
-            )),
-            v => v,
-        }
+        judged(&found, verdict)
     }
 
     async fn run_caught(&self, ctx: Ctx) -> Verdict {
-        match tokio::spawn((self.run)(ctx)).await {
+        let cell = PanicCell::default();
+        let run = PANICKED.scope((self.name, std::sync::Arc::clone(&cell)), (self.run)(ctx));
+        match tokio::spawn(run).await {
             Ok(v) => v,
             Err(e) => {
                 let why = e
@@ -391,7 +457,10 @@ impl Case {
                             .or_else(|| p.downcast_ref::<&str>().map(|s| (*s).to_owned()))
                     })
                     .unwrap_or_else(|| "cancelled".into());
-                let at = LAST_PANIC.lock().ok().and_then(|mut l| l.take());
+                let at = cell
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .take();
                 let why = why.lines().next().unwrap_or_default();
                 Err(match at {
                     Some(at) => format!("the kit could not run the case: {why} (at {at})"),
@@ -399,6 +468,33 @@ impl Case {
                 })
             }
         }
+    }
+}
+
+/// A case's verdict with what its worlds found: a consume that exited by itself is the story
+/// of any failure after it, and fails a case that did not notice; a secret printed fails any
+/// case, first; refused ACKs are named.
+fn judged(found: &Findings, verdict: Verdict) -> Verdict {
+    let verdict = match (Findings::first(&found.exits), verdict) {
+        (None, v) => v,
+        (Some(_), Err(why)) if why.starts_with("R-CLI-3: consume exited") => Err(why),
+        (Some(exit), Ok(_)) => Err(exit),
+        (Some(exit), Err(why)) => Err(format!("{exit}; then the case saw: {why}")),
+    };
+    let verdict = match (Findings::first(&found.leaks), verdict) {
+        (None, v) => v,
+        (Some(leak), Ok(_)) => Err(leak),
+        (Some(leak), Err(why)) => Err(format!("{leak}; then: {why}")),
+    };
+    let refused = found.refused_acks.load(std::sync::atomic::Ordering::SeqCst);
+    match verdict {
+        Err(why) if refused > 0 => Err(format!(
+            "R-SDK-2: the platform refused {refused} ACK(s) in this case (an ACK with the proof of a superseded or expired lease, or for no delivery): look there first; then: {why}"
+        )),
+        Ok(saw) if refused > 0 => Ok(format!(
+            "{saw}; note R-SDK-2: the platform refused {refused} ACK(s) in this case"
+        )),
+        v => v,
     }
 }
 
@@ -414,6 +510,81 @@ macro_rules! ensure {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    async fn panics_here(_: Ctx) -> Verdict {
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        panic!("a world that would not start")
+    }
+
+    async fn finds_an_exit(ctx: Ctx) -> Verdict {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        ctx.findings()
+            .exit("R-CLI-3: consume exited by itself".into());
+        Ok("saw it".into())
+    }
+
+    async fn passes(_: Ctx) -> Verdict {
+        tokio::time::sleep(std::time::Duration::from_millis(80)).await;
+        Ok("fine".into())
+    }
+
+    fn fake(name: &'static str, run: fn(Ctx) -> CaseFuture) -> Case {
+        Case {
+            id: CaseId::Schema,
+            name,
+            rules: "R-STORE-7",
+            level: Level::Must,
+            what: "",
+            run,
+        }
+    }
+
+    /// Cases running at once on one runtime: a panic names the case it happened in, and an
+    /// exit found by one case fails that case only, even when both share one context.
+    #[test]
+    fn findings_and_panics_stay_with_their_case() {
+        quiet_panics();
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        let all = [
+            fake("one", |c| Box::pin(panics_here(c))),
+            fake("two", |c| Box::pin(finds_an_exit(c))),
+            fake("three", |c| Box::pin(passes(c))),
+            fake("four", |c| Box::pin(panics_here(c))),
+        ];
+        let ctx = Ctx::new("r".into(), 1, None);
+        let verdicts = runtime.block_on(futures_join(&all, &ctx));
+        let line = format!("{}:", file!());
+        match &verdicts[0] {
+            Err(why) => assert!(
+                why.starts_with(
+                    "the kit could not run the case: a world that would not start (at "
+                ) && why.contains(&line)
+                    && why.ends_with(", in case one)"),
+                "{why}"
+            ),
+            v => panic!("{v:?}"),
+        }
+        assert_eq!(
+            verdicts[1],
+            Err("R-CLI-3: consume exited by itself".to_owned())
+        );
+        assert_eq!(verdicts[2], Ok("fine".to_owned()));
+        assert!(
+            matches!(&verdicts[3], Err(why) if why.ends_with(", in case four)")),
+            "{:?}",
+            verdicts[3]
+        );
+    }
+
+    async fn futures_join(all: &[Case], ctx: &Ctx) -> Vec<Verdict> {
+        let (a, b, c, d) = tokio::join!(
+            all[0].run(ctx.clone()),
+            all[1].run(ctx.clone()),
+            all[2].run(ctx.clone()),
+            all[3].run(ctx.clone())
+        );
+        vec![a, b, c, d]
+    }
 
     #[test]
     fn a_failure_takes_the_level_of_the_rule_it_names() {
@@ -465,6 +636,7 @@ mod tests {
 mod cases;
 mod forms;
 pub mod report;
+pub mod runner;
 mod world;
 
 use cases::*;

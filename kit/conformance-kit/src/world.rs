@@ -39,6 +39,8 @@ pub(crate) struct World {
     /// The receiver's databases on a server of the case's own, when it stops that server
     /// (the platform's stay on the shared one); dropped last, server after databases.
     pub(crate) own: Option<(Provisioned, Server)>,
+    /// What the case's run found: this world adds to it as it ends.
+    found: std::sync::Arc<Findings>,
 }
 
 /// The attempt budget of a case's platform unless the case names one: no such case is about
@@ -56,8 +58,8 @@ pub(crate) fn platform_args(seconds: u64, budget: u32) -> Vec<String> {
     ]
 }
 
-/// Before the platform stops: how many ACKs it refused in this world, added to the case's
-/// count ([`super::REFUSED_ACKS`]), so that a case can name that cause.
+/// Before the platform stops: what this world found (an exit, a leak, refused ACKs), added to
+/// the findings of the case that made it ([`Findings`]), so that a case can name that cause.
 impl Drop for World {
     fn drop(&mut self) {
         // Before the scratch directory goes with the platform: a case may have several worlds,
@@ -78,9 +80,7 @@ impl Drop for World {
         // A consume that ended by itself, seen as its process went: the case fails for that
         // first, whatever it was waiting for.
         if let Some(ended) = self.consume_ended() {
-            if let Ok(mut exits) = super::EXITS.lock() {
-                exits.push(ended);
-            }
+            self.found.exit(ended);
         }
         // Every line the receiver printed in this world, whatever the case was about.
         let proofs = self.proof_hashes_blocking();
@@ -88,16 +88,14 @@ impl Drop for World {
             let out = std::fs::read_to_string(log).unwrap_or_default();
             if let Some(leak) = leak_in(&out, &self.secrets(), &proofs) {
                 let name = log.file_name().unwrap_or_default().to_string_lossy();
-                if let Ok(mut leaks) = super::LEAKS.lock() {
-                    leaks.push(format!("{leak} (in its output {name})"));
-                }
+                self.found.leak(format!("{leak} (in its output {name})"));
             }
         }
         let refused = self
             .orbit
             .metric("orbit_acks_total{result=\"refused\"}")
             .unwrap_or(0);
-        super::REFUSED_ACKS.fetch_add(refused, std::sync::atomic::Ordering::SeqCst);
+        self.found.refused(refused);
     }
 }
 
@@ -135,11 +133,10 @@ impl World {
     ) -> World {
         let mut args = platform_args(lease, budget);
         args.extend(platform.iter().map(|a| (*a).to_owned()));
-        // Each world's platform writes its events another way, drawn from the run's seed.
-        static WORLDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-        let world = WORLDS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        // Each world's platform writes its events another way, drawn from the run's seed, the
+        // case and the world's number within it.
         args.push("--vary-events".into());
-        args.push(ctx.seed.wrapping_add(world).to_string());
+        args.push(ctx.world_seed().to_string());
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         // The platform's database lives beside the receiver's (testdb provisions both).
         let dsn = own.as_ref().map_or(&db, |(own, _)| own).runtime_url();
@@ -170,6 +167,7 @@ impl World {
             extra_secrets: Vec::new(),
             consumers: Vec::new(),
             own,
+            found: ctx.findings(),
         }
     }
 

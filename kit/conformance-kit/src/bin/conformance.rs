@@ -15,6 +15,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use conformance_kit::report::{self, CaseResult, Expected};
+use conformance_kit::runner::{at_most, run_case};
 use conformance_kit::{cases, Ctx, Level};
 
 const USAGE: &str = "usage: conformance run --receiver 'COMMAND LINE' [--only CASE[,CASE…]] [--seed N] [--junit FILE] [--json FILE] [--certificate FILE] [--expect FILE] [--strict] [--keep-logs DIR] [--jobs N]\n       conformance mutants --receiver-mutant PATH [--runs N] [--only MUTANT[,MUTANT…]] [--seed N] [--jobs N]\n       conformance list\n       conformance <command> --help";
@@ -58,9 +59,6 @@ Prints every case: its name, level (MUST or SHOULD), the rules it proves and wha
 
 /// Where the receiver's output of a failed case is kept unless `--keep-logs` says otherwise.
 const DEFAULT_KEEP_LOGS: &str = "target/kit/logs";
-
-/// How long one case may take before the kit gives up on it.
-const CASE_LIMIT: Duration = Duration::from_secs(240);
 
 struct Options {
     receiver: String,
@@ -377,61 +375,6 @@ fn mutant_options(m: MutantArgs) -> Result<MutantOptions, String> {
     })
 }
 
-/// `work` on each of `items`, at most `jobs` at a time, each worker thread with a runtime of
-/// its own; the answers in the items' order.
-fn at_most<T: Sync, R: Send>(
-    items: &[T],
-    jobs: usize,
-    work: impl Fn(&tokio::runtime::Runtime, &T) -> R + Sync,
-) -> Vec<R> {
-    let next = std::sync::atomic::AtomicUsize::new(0);
-    let done: std::sync::Mutex<Vec<Option<R>>> =
-        std::sync::Mutex::new(items.iter().map(|_| None).collect());
-    std::thread::scope(|scope| {
-        for _ in 0..jobs.clamp(1, items.len().max(1)) {
-            scope.spawn(|| {
-                let runtime = runtime();
-                loop {
-                    let i = next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                    let Some(item) = items.get(i) else { break };
-                    let answer = work(&runtime, item);
-                    done.lock().expect("no worker panicked holding it")[i] = Some(answer);
-                }
-            });
-        }
-    });
-    done.into_inner()
-        .expect("no worker panicked holding it")
-        .into_iter()
-        .map(|r| r.expect("every item was run"))
-        .collect()
-}
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("a tokio runtime")
-}
-
-/// Runs `case`, giving up after [`CASE_LIMIT`].
-fn run_case(
-    runtime: &tokio::runtime::Runtime,
-    case: &conformance_kit::Case,
-    ctx: Ctx,
-) -> Result<String, String> {
-    runtime.block_on(async {
-        tokio::time::timeout(CASE_LIMIT, case.run(ctx))
-            .await
-            .unwrap_or_else(|_| {
-                Err(format!(
-                    "the case did not finish within {} s",
-                    CASE_LIMIT.as_secs()
-                ))
-            })
-    })
-}
-
 /// One case's result.
 struct Ran {
     name: &'static str,
@@ -674,11 +617,7 @@ fn main() -> ExitCode {
         let t = Instant::now();
         let logs = o.keep_logs.join(case.name);
         let _ = std::fs::remove_dir_all(&logs);
-        let ctx = Ctx {
-            receiver: o.receiver.clone(),
-            seed: o.seed,
-            logs: Some(logs.clone()),
-        };
+        let ctx = Ctx::new(o.receiver.clone(), o.seed, Some(logs.clone()));
         let verdict = match run_case(runtime, case, ctx) {
             Err(why) if logs.is_dir() => {
                 Err(format!("{why} (the receiver's output: {})", logs.display()))
@@ -848,11 +787,11 @@ fn mutants(o: &MutantOptions) -> ExitCode {
         let mut caught_runs = 0;
         for run in 0..o.runs {
             let seed = o.seed.wrapping_add(run);
-            let ctx = Ctx {
-                receiver: format!("env RECEIVER_MUTANT={mutant} {}", shell_quote(bin)),
+            let ctx = Ctx::new(
+                format!("env RECEIVER_MUTANT={mutant} {}", shell_quote(bin)),
                 seed,
-                logs: None,
-            };
+                None,
+            );
             println!(
                 "conformance: mutant {mutant}: running {} (seed {seed})",
                 case.name

@@ -13,6 +13,7 @@ mod faults;
 mod galera;
 mod group;
 mod inspect;
+mod kit;
 mod metrics;
 mod nemesis;
 mod outage;
