@@ -295,7 +295,7 @@ registry! {
     Sigterm => ("sigterm", Must, "R-CLI-3", "SIGTERM ends consume within 10 s and leaves the subscription enabled", sigterm),
     SigtermMidApply => ("sigterm-mid-apply", Must, "R-STORE-7 R-CLI-3", "SIGTERM while a COMMIT is held 3 s by the proxy: no delivery ACKed without its committed row, consume ends within 10 s, and what was not ACKed comes back and is applied once", sigterm_mid_apply),
     CrashLoop => ("crash-loop", Must, "R-FAULT-4 R-STORE-4 R-STORE-6", "seeded SIGKILLs over duplicates and out-of-order versions, then a ledger check", crash_loop),
-    NoSecrets => ("no-secrets", Must, "R-SDK-3 R-STORE-11 R-CLI-4", "no token, password or lease proof in the output, errors included", no_secrets),
+    NoSecrets => ("no-secrets", Must, "R-SDK-3 R-STORE-11 R-CLI-4", "no token, password, lease proof or result body in the output, errors included: a lost COMMIT answer, a conflict, a refused ACK, a conflict between two results carrying markers, a wrong password and an unknown subscription", no_secrets),
     ConfigErrors => ("config-errors", Should, "R-CLI-5", "consume with a RECEIVER_NAME outside its grammar, too long, a DSN without a database, no subscription: a non-zero exit, a line naming the variable, nothing leased", config_errors),
 }
 
@@ -414,6 +414,12 @@ pub const MUTANTS: &[(Mutant, CaseId, &str)] = &[
         Mutant::AcksPartlyCommittedGroup,
         CaseId::MixedBacklog,
         "R-STORE-6",
+    ),
+    (Mutant::PrintsRefusedProof, CaseId::NoSecrets, "R-SDK-3"),
+    (
+        Mutant::QuotesConflictResult,
+        CaseId::NoSecrets,
+        "R-STORE-11",
     ),
 ];
 

@@ -34,6 +34,9 @@ pub(crate) struct World {
     /// Secrets a case gave the receiver besides the world's own (a wrong password, say): the
     /// scan at the world's end looks for them too.
     pub(crate) extra_secrets: Vec<String>,
+    /// Markers a case put inside the results it sent: the receiver must print no part of a
+    /// result body, so the scan looks for each marker alone too.
+    pub(crate) markers: Vec<String>,
     /// Every `consume` this world started, to tell when one ended by itself.
     pub(crate) consumers: Vec<fixtures::process::Watch>,
     /// The receiver's databases on a server of the case's own, when it stops that server
@@ -82,11 +85,14 @@ impl Drop for World {
         if let Some(ended) = self.consume_ended() {
             self.found.exit(ended);
         }
-        // Every line the receiver printed in this world, whatever the case was about.
-        let proofs = self.proof_hashes_blocking();
+        // Every line the receiver printed in this world, whatever the case was about, against
+        // every secret and every result body the case sent.
+        let (proofs, results) = self.sent_blocking();
+        let mut secrets = self.secrets();
+        secrets.extend(results);
         for log in &self.logs {
             let out = std::fs::read_to_string(log).unwrap_or_default();
-            if let Some(leak) = leak_in(&out, &self.secrets(), &proofs) {
+            if let Some(leak) = leak_in(&out, &secrets, &proofs) {
                 let name = log.file_name().unwrap_or_default().to_string_lossy();
                 self.found.leak(format!("{leak} (in its output {name})"));
             }
@@ -165,6 +171,7 @@ impl World {
             logs: Vec::new(),
             keep: ctx.logs.clone(),
             extra_secrets: Vec::new(),
+            markers: Vec::new(),
             consumers: Vec::new(),
             own,
             found: ctx.findings(),
@@ -316,6 +323,13 @@ impl World {
         for extra in &self.extra_secrets {
             out.push(("R-STORE-11", "a database password", extra.clone()));
         }
+        for marker in &self.markers {
+            out.push((
+                "R-STORE-11",
+                "a result body the case sent (its marker)",
+                marker.clone(),
+            ));
+        }
         out.retain(|(_, _, s)| !s.is_empty());
         out
     }
@@ -323,11 +337,13 @@ impl World {
     /// The SHA-256 of every lease proof the platform handed out or accepted in this world.
     pub(crate) async fn proof_hashes(&self) -> BTreeSet<Vec<u8>> {
         let mut c = self.platform().await;
-        let proofs: Vec<ProofRow> =
-            sqlx::query_as("SELECT proof_sha256, acked_proof_sha256 FROM orbit_deliveries")
-                .fetch_all(&mut c)
-                .await
-                .expect("proof hashes read");
+        let proofs: Vec<ProofRow> = sqlx::query_as(
+            "SELECT proof_sha256, acked_proof_sha256 FROM orbit_deliveries \
+                 UNION ALL SELECT proof_sha256, NULL FROM orbit_issued_proofs",
+        )
+        .fetch_all(&mut c)
+        .await
+        .expect("proof hashes read");
         proofs
             .into_iter()
             .flat_map(|(a, b)| [a, b])
@@ -335,15 +351,43 @@ impl World {
             .collect()
     }
 
-    /// [`World::proof_hashes`] from a world's drop: only on the kit's multi-threaded runtime
-    /// (none elsewhere).
-    fn proof_hashes_blocking(&self) -> BTreeSet<Vec<u8>> {
+    /// [`World::proof_hashes`] and [`World::result_bodies`] from a world's drop: only on the
+    /// kit's multi-threaded runtime (none elsewhere).
+    fn sent_blocking(&self) -> (BTreeSet<Vec<u8>>, Vec<Forbidden>) {
         match tokio::runtime::Handle::try_current() {
             Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
-                tokio::task::block_in_place(|| h.block_on(self.proof_hashes()))
+                tokio::task::block_in_place(|| {
+                    h.block_on(async { (self.proof_hashes().await, self.result_bodies().await) })
+                })
             }
-            _ => BTreeSet::new(),
+            _ => (BTreeSet::new(), Vec::new()),
         }
+    }
+
+    /// Every result body this world's platform sent (each event's `result` member as
+    /// delivered, and in the canonical form), as secrets the receiver must never print
+    /// (R-STORE-11). Bodies under [`RESULT_SCAN_MIN`] bytes are left out: too short to be
+    /// told from an id or a word of a log line.
+    pub(crate) async fn result_bodies(&self) -> Vec<Forbidden> {
+        let mut c = self.platform().await;
+        let bodies: Vec<(Vec<u8>,)> = sqlx::query_as("SELECT body FROM orbit_events")
+            .fetch_all(&mut c)
+            .await
+            .unwrap_or_default();
+        let mut out = BTreeSet::new();
+        for (body,) in bodies {
+            let Some(raw) = result_member(&body) else {
+                continue;
+            };
+            if let Ok((canonical, _)) = canonical_form::canonicalize(raw.as_bytes()) {
+                out.insert(String::from_utf8_lossy(&canonical).into_owned());
+            }
+            out.insert(raw);
+        }
+        out.into_iter()
+            .filter(|b| b.len() >= RESULT_SCAN_MIN)
+            .map(|b| ("R-STORE-11", "a result body the case sent", b))
+            .collect()
     }
 
     /// `fut`, unless a `consume` of this world ends by itself first: then the one line that
@@ -892,6 +936,19 @@ pub(crate) fn difference(stored: &[u8], expected: &[u8]) -> String {
 /// What `out` (a receiver's output) holds that it must not: one of `secrets` (rule, name,
 /// value) or a word whose SHA-256 is one of `proofs` (a lease proof). The message names the
 /// rule and what kind of secret, never the secret.
+/// What the receiver must never print: the rule that forbids it, what it is, and its text.
+pub(crate) type Forbidden = (&'static str, &'static str, String);
+
+/// The shortest result body the leak scan looks for.
+pub(crate) const RESULT_SCAN_MIN: usize = 24;
+
+/// The `result` member of an event's body, as its text stands there.
+fn result_member(body: &[u8]) -> Option<String> {
+    let members: std::collections::BTreeMap<String, &serde_json::value::RawValue> =
+        serde_json::from_slice(body).ok()?;
+    members.get("result").map(|r| r.get().to_owned())
+}
+
 pub(crate) fn leak_in(
     out: &str,
     secrets: &[(&'static str, &'static str, String)],

@@ -222,11 +222,16 @@ pub enum Mutant {
     /// more each alone, and the second answers stand: first receipts are reported as
     /// duplicates (the receiver's own account; nothing in the tables differs).
     FallbackAppliesTwice,
+    /// When the platform refuses an ACK, the SDK's line for it quotes the lease proof the ACK
+    /// carried (R-SDK-3).
+    PrintsRefusedProof,
+    /// A conflict's log line quotes the incoming event's result (R-STORE-11).
+    QuotesConflictResult,
 }
 
 impl Mutant {
     /// Every mutant, in the order the kit reports them.
-    pub const ALL: [Mutant; 47] = [
+    pub const ALL: [Mutant; 49] = [
         Mutant::AckBeforeCommit,
         Mutant::InsertIgnore,
         Mutant::NoDigestCompare,
@@ -274,6 +279,8 @@ impl Mutant {
         Mutant::GroupInArrivalOrder,
         Mutant::AcksPartlyCommittedGroup,
         Mutant::FallbackAppliesTwice,
+        Mutant::PrintsRefusedProof,
+        Mutant::QuotesConflictResult,
     ];
 
     /// The name `RECEIVER_MUTANT` takes.
@@ -326,6 +333,8 @@ impl Mutant {
             Mutant::GroupInArrivalOrder => "group-in-arrival-order",
             Mutant::AcksPartlyCommittedGroup => "acks-partly-committed-group",
             Mutant::FallbackAppliesTwice => "fallback-applies-twice",
+            Mutant::PrintsRefusedProof => "prints-refused-proof",
+            Mutant::QuotesConflictResult => "quotes-conflict-result",
         }
     }
 
@@ -344,7 +353,7 @@ impl Mutant {
 
 impl fmt::Display for Mutant {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
+        f.pad(self.name())
     }
 }
 

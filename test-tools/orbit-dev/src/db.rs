@@ -82,6 +82,11 @@ const SCHEMA: &[&str] = &[
         KEY by_task (subscription_id, task_id, seq),
         KEY by_lease (state, lease_expires_at)
     ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin",
+    // With the fault API only: every lease proof ever handed out, as its SHA-256, so that a
+    // test can recognise a superseded attempt's proof in a receiver's output.
+    "CREATE TABLE IF NOT EXISTS orbit_issued_proofs (
+        proof_sha256 BINARY(32) NOT NULL PRIMARY KEY
+    ) ENGINE = InnoDB",
 ];
 
 /// Formats a DATETIME column as RFC 3339 UTC.

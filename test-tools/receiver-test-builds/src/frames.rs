@@ -12,6 +12,18 @@ pub fn ack(text: &str) -> Option<(DeliveryId, LeaseProof)> {
     }
 }
 
+/// The delivery whose ACK the platform refused, when `text` says so.
+pub fn refused(text: &str) -> Option<DeliveryId> {
+    match ServerMessage::from_json(text).ok()? {
+        ServerMessage::AckResult {
+            delivery_id,
+            result: orbit_sdk::wire::AckResult::Refused,
+            ..
+        } => Some(delivery_id),
+        _ => None,
+    }
+}
+
 /// Whether `text` is a delivery.
 pub fn is_delivery(text: &str) -> bool {
     matches!(

@@ -104,6 +104,7 @@ pub async fn consume(
     let layer: Option<Box<dyn orbit_sdk::seam::LinkLayer>> = match active() {
         Some(Mutant::ForgetsLostAcks) => Some(Box::new(ForgetsLostAcks::default())),
         Some(Mutant::CreditOnReceipt) => Some(Box::new(CreditOnReceipt)),
+        Some(Mutant::PrintsRefusedProof) => Some(Box::new(PrintsRefusedProof::default())),
         _ => None,
     };
     if let Some(layer) = layer {
@@ -241,6 +242,7 @@ fn applied_at_once() -> Handled {
 /// - [`Mutant::ReadOnlyIsFailure`] never suspects the database after a failed apply;
 /// - [`Mutant::LenientVersions`] applies a version such as `1.0` as the whole number;
 /// - [`Mutant::ViewByTaskAlone`] also moves every other view of the task after an apply;
+/// - [`Mutant::QuotesConflictResult`] prints a conflicting event's result;
 /// - the others apply as the program does (their changes are in the store's statements).
 fn apply<'a>(
     store: &'a Applier,
@@ -385,6 +387,20 @@ fn apply<'a>(
                 },
                 Err(rejected) => rejected,
             },
+            Some(Mutant::QuotesConflictResult) => {
+                let h = store.apply_raw(raw, deadline).await;
+                if h.classification == Classification::Conflict {
+                    if let Ok(event) = parse(raw, store.queue()) {
+                        let result = event.result().map(String::from_utf8_lossy);
+                        eprintln!(
+                            "receiver-mutant: conflict for event {}: incoming result {}",
+                            event.id().as_str(),
+                            result.unwrap_or_default()
+                        );
+                    }
+                }
+                h
+            }
             Some(Mutant::AcksRejected) => {
                 let h = store.apply_raw(raw, deadline).await;
                 match h.classification {
@@ -708,5 +724,36 @@ impl orbit_sdk::seam::LinkLayer for CreditOnReceipt {
         } else {
             Vec::new()
         }
+    }
+}
+
+/// [`Mutant::PrintsRefusedProof`]: the proof of every ACK written, by delivery, so that the line
+/// for a refused ACK can quote it.
+#[derive(Debug, Default)]
+pub struct PrintsRefusedProof {
+    sent: std::sync::Mutex<std::collections::HashMap<orbit_sdk::DeliveryId, String>>,
+}
+
+impl orbit_sdk::seam::LinkLayer for PrintsRefusedProof {
+    fn sending(&self, text: &str) -> bool {
+        if let Some((delivery, proof)) = frames::ack(text) {
+            self.sent
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(delivery, proof.expose().to_owned());
+        }
+        true
+    }
+
+    fn received(&self, text: &str) -> Vec<String> {
+        if let Some(delivery) = frames::refused(text) {
+            let sent = self.sent.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(proof) = sent.get(&delivery) {
+                eprintln!(
+                    "receiver-mutant: ACK of delivery {delivery} refused; its proof was {proof}"
+                );
+            }
+        }
+        Vec::new()
     }
 }

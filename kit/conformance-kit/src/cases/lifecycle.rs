@@ -225,6 +225,38 @@ pub(crate) async fn no_secrets(ctx: Ctx) -> Verdict {
         "R-SDK-2 (a delivery whose ACK was refused comes back after its lease)",
     )
     .await?;
+    // A conflict whose results carry markers: the receiver's line for the conflict names the
+    // event, never a result, the stored one or the incoming one.
+    let marker = |n: u64| format!("kit-result-marker-{:016x}", ctx.seed.rotate_left(7) ^ n);
+    let (stored, incoming) = (marker(1), marker(2));
+    w.markers.extend([stored.clone(), incoming.clone()]);
+    let id = format!("marked-{:016x}", ctx.seed);
+    let task = format!("marked-task-{:016x}", ctx.seed);
+    let result = |m: &str| format!(r#"{{"note":"{m}","n":1}}"#);
+    let original = w
+        .event(&id, &task, 1, "task.succeeded")
+        .with("result", result(&stored));
+    let (key, ids) = w.send(&original);
+    w.acked(&ids, Duration::from_secs(20), "R-STORE-7").await?;
+    let (_, conflicting) = w.send(&original.with("result", result(&incoming)));
+    let tried = w
+        .or_ended(poll(
+            Duration::from_secs(20),
+            Duration::from_millis(200),
+            || async {
+                let d = w.delivery(&conflicting[0]).await;
+                (d.attempts >= 2).then_some(d)
+            },
+        ))
+        .await?;
+    ensure!(
+        tried.as_ref().is_some_and(|d| d.state != "ACKED"),
+        "R-STORE-4: the event with the id of applied event {key} and another result was {} (a conflict is never ACKed)",
+        tried.map_or("never tried twice within 20 s".into(), |d| format!(
+            "{} at attempt {}",
+            d.state, d.attempts
+        ))
+    );
     let _ = p.signal(Signal::SIGTERM);
     let _ = p.wait_within(Duration::from_secs(10)).await;
     // The errors a start meets: a wrong database password (which must not be printed either)
@@ -251,7 +283,8 @@ pub(crate) async fn no_secrets(ctx: Ctx) -> Verdict {
             let _ = proc.wait_within(Duration::from_secs(10)).await;
         }
     }
-    let secrets = w.secrets();
+    let mut secrets = w.secrets();
+    secrets.extend(w.result_bodies().await);
     let proofs = w.proof_hashes().await;
     let mut scanned = 0;
     for log in &w.logs {
@@ -262,7 +295,7 @@ pub(crate) async fn no_secrets(ctx: Ctx) -> Verdict {
         }
     }
     Ok(format!(
-        "{} bytes of output over {} runs (a lost COMMIT reply, a conflict, a refused ACK, a wrong database password and an unknown subscription included): no token, password or lease proof; every other case's output is read the same way",
+        "{} bytes of output over {} runs (a lost COMMIT reply, a conflict, a refused ACK, a conflict between two results with markers, a wrong database password and an unknown subscription included): no token, password, lease proof or result body; every other case's output is read the same way",
         scanned,
         w.logs.len()
     ))

@@ -240,6 +240,17 @@ async fn lease_in(
         update = update.bind(*seq);
     }
     let changed = update.execute(&mut **tx).await?.rows_affected();
+    if p.fault_api {
+        let sql = format!(
+            "INSERT INTO orbit_issued_proofs (proof_sha256) VALUES {}",
+            vec!["(?)"; leased.len()].join(", ")
+        );
+        let mut issued = sqlx::query(&sql);
+        for (_, _, _, proof, _) in &leased {
+            issued = issued.bind(sha256(proof));
+        }
+        issued.execute(&mut **tx).await?;
+    }
     if changed != leased.len() as u64 {
         // Not possible while every leasing turn holds the subscription's row; if it were, no
         // lease of this batch may stand.
