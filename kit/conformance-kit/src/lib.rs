@@ -278,6 +278,7 @@ registry! {
     LargeResults => ("large-results", Must, "R-SCHEMA-4", "results of 70,000, 200,000 and 520,000 bytes with multi-byte characters at both ends and across byte 65,535: stored and viewed byte for byte", large_results),
     Scopes => ("scopes", Must, "R-SCHEMA-3 R-SCHEMA-2", "two consumer names on one queue and one name on two queues, one database, one task id: each view moved only by its own consumer's events of its own queue", scopes),
     Utc => ("utc", Must, "R-SCHEMA-6", "times stored in UTC while the server's time zone is +09:00", utc),
+    EveryConnection => ("every-connection", Must, "R-SCHEMA-6", "the server at +09:00, every COMMIT answered 300 ms late so that applies overlap on several connections, and every connection killed between two rounds of 12 events: every stored time of both rounds in UTC (the session set on every connection, not once through a pool)", every_connection),
     QueueMismatch => ("queue-mismatch", Must, "R-CLI-3", "a subscription on another queue than the configured one: consume refuses to start and takes nothing", queue_mismatch),
     KillAfterCommit => ("kill-after-commit", Must, "R-FAULT-4", "SIGKILL after COMMIT and before the ACK landed: after the real 30 s lease the redelivery is a duplicate (attempts 2, applied_events 1)", kill_after_commit),
     CommitLost => ("commit-lost", Must, "R-STORE-7 R-STORE-8 R-FAULT-3", "the server's OK to COMMIT dropped by the proxy: no ACK at that attempt, then resolved as a duplicate", commit_lost),
@@ -288,6 +289,7 @@ registry! {
     AfterFailures => ("after-failures", Must, "R-CLI-6 R-STORE-8", "a burst of failing deliveries (4 refused, 2 conflicts, a COMMIT whose answer is lost, one held 8 s past the apply's budget), then 20 good ones: every good one ACKed within 30 s, the two COMMITs resolved", after_failures),
     AbandonedCommit => ("abandoned-commit", Must, "R-CLI-6", "the first COMMIT held 20 s on its way to the server by the proxy, past the apply's budget, its transaction open: the redelivery applies or resolves within its own lease (ACKED by attempt 2), not behind the abandoned transaction's locks", abandoned_commit),
     LongOutage => ("long-outage", Must, "R-CLI-6", "the receiver's database down 20 s, longer than a probe that gives up would wait, events sent during and after: every one ACKed within 20 s of the restart", long_outage),
+    StreamDropped => ("stream-dropped", Must, "R-SDK-2 R-E2E-3", "the stream closed by the platform while deliveries are leased ahead and applies are in flight (every COMMIT answered 600 ms late): each ACKed at its first attempt on a later stream; then 3 s idle and 8 more events: all ACKed, several leased at once (credit whole on the new stream)", stream_dropped),
     CreditBound => ("credit-bound", Must, "R-E2E-3 R-SDK-2", "a backlog of 40 events, every COMMIT answered 300 ms late: never more than 8 deliveries held at once on the stream (the default concurrency 4, and at most as many waiting), counted by the platform", credit_bound),
     DatabaseRestart => ("database-restart", Should, "R-STORE-9", "the receiver's database killed for 12 s while events queue, a budget of 3: nothing lost, nothing doubled, no delivery past the 2 attempts a hold allows", database_restart),
     SkewedClock => ("skewed-clock", Should, "R-STORE-9", "the platform's clock 60 s ahead of the receiver's, then 60 s behind (orbit-dev --clock-offset-seconds), 3 s leases: every delivery ACKed at its first attempt", skewed_clock),
@@ -420,6 +422,21 @@ pub const MUTANTS: &[(Mutant, CaseId, &str)] = &[
         Mutant::QuotesConflictResult,
         CaseId::NoSecrets,
         "R-STORE-11",
+    ),
+    (
+        Mutant::SessionOnFirstConnection,
+        CaseId::EveryConnection,
+        "R-SCHEMA-6",
+    ),
+    (
+        Mutant::CancelsOnStreamDrop,
+        CaseId::StreamDropped,
+        "R-SDK-2",
+    ),
+    (
+        Mutant::CreditPerSubscription,
+        CaseId::StreamDropped,
+        "R-E2E-3",
     ),
 ];
 

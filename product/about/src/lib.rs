@@ -13,7 +13,7 @@ use std::ffi::OsStr;
 /// The version of the receiver contract (docs/receiver-contract.md) that this build's receiver
 /// keeps and this build's kit checks: a change to a MUST rule, or to what a MUST case relies
 /// on, is a new major version.
-pub const CONTRACT_VERSION: &str = "1.0";
+pub const CONTRACT_VERSION: &str = "1.1";
 
 /// The canonical form's version, as `canonical-form` defines it.
 pub use canonical_form::FORM_VERSION;
@@ -141,7 +141,7 @@ mod tests {
             line.starts_with(&format!("receiver {VERSION} (commit ")),
             "{line}"
         );
-        assert!(line.contains("receiver contract 1.0"), "{line}");
+        assert!(line.contains("receiver contract 1.1"), "{line}");
         assert!(line.ends_with("canonical form 1)"), "{line}");
         assert!(!line.contains('\n'));
         assert!(

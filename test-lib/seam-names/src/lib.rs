@@ -227,11 +227,23 @@ pub enum Mutant {
     PrintsRefusedProof,
     /// A conflict's log line quotes the incoming event's result (R-STORE-11).
     QuotesConflictResult,
+    /// The session time zone is set once, through the pool, by the first apply: only the
+    /// connection that apply ran on stores UTC; every other (and every reconnect) stores the
+    /// server's local time (R-SCHEMA-6). One connection at a time it behaves.
+    SessionOnFirstConnection,
+    /// When the stream drops, every apply in flight is cancelled and every delivery received
+    /// on it and not yet started is dropped, as if their leases had ended with the stream: each
+    /// spends an attempt (R-SDK-2).
+    CancelsOnStreamDrop,
+    /// Credit is counted per subscription, not per connection: what was granted on the first
+    /// stream is taken as still granted, so a new stream gets none and the receiver stalls for
+    /// good after a reconnect (R-E2E-3).
+    CreditPerSubscription,
 }
 
 impl Mutant {
     /// Every mutant, in the order the kit reports them.
-    pub const ALL: [Mutant; 49] = [
+    pub const ALL: [Mutant; 52] = [
         Mutant::AckBeforeCommit,
         Mutant::InsertIgnore,
         Mutant::NoDigestCompare,
@@ -281,6 +293,9 @@ impl Mutant {
         Mutant::FallbackAppliesTwice,
         Mutant::PrintsRefusedProof,
         Mutant::QuotesConflictResult,
+        Mutant::SessionOnFirstConnection,
+        Mutant::CancelsOnStreamDrop,
+        Mutant::CreditPerSubscription,
     ];
 
     /// The name `RECEIVER_MUTANT` takes.
@@ -335,6 +350,9 @@ impl Mutant {
             Mutant::FallbackAppliesTwice => "fallback-applies-twice",
             Mutant::PrintsRefusedProof => "prints-refused-proof",
             Mutant::QuotesConflictResult => "quotes-conflict-result",
+            Mutant::SessionOnFirstConnection => "session-on-first-connection",
+            Mutant::CancelsOnStreamDrop => "cancels-on-stream-drop",
+            Mutant::CreditPerSubscription => "credit-per-subscription",
         }
     }
 

@@ -263,6 +263,7 @@ async fn serve(o: ServeOptions, dsn: String) -> Result<(), Failure> {
         stall_next_ack: AtomicBool::new(false),
         refuse_next_ack: AtomicBool::new(false),
         close_after_delivery: AtomicBool::new(false),
+        close_streams: tokio::sync::watch::Sender::new(0),
         oversize_next_delivery: AtomicBool::new(false),
         skip_next_result_check: AtomicBool::new(false),
         metrics: api::metrics::PlatformMetrics::default(),

@@ -24,6 +24,25 @@ pub fn refused(text: &str) -> Option<DeliveryId> {
     }
 }
 
+/// The `id` member of the event a delivery carries, when `text` is a delivery.
+pub fn delivered_event_id(text: &str) -> Option<String> {
+    match ServerMessage::from_json(text).ok()? {
+        ServerMessage::Delivery { event, .. } => {
+            let v: serde_json::Value = serde_json::from_str(event.get()).ok()?;
+            v.get("id")?.as_str().map(str::to_owned)
+        }
+        _ => None,
+    }
+}
+
+/// Whether `text` is a credit frame.
+pub fn is_credit(text: &str) -> bool {
+    matches!(
+        serde_json::from_str::<ClientMessage>(text),
+        Ok(ClientMessage::Credit { .. })
+    )
+}
+
 /// Whether `text` is a delivery.
 pub fn is_delivery(text: &str) -> bool {
     matches!(

@@ -105,6 +105,8 @@ pub async fn consume(
         Some(Mutant::ForgetsLostAcks) => Some(Box::new(ForgetsLostAcks::default())),
         Some(Mutant::CreditOnReceipt) => Some(Box::new(CreditOnReceipt)),
         Some(Mutant::PrintsRefusedProof) => Some(Box::new(PrintsRefusedProof::default())),
+        Some(Mutant::CancelsOnStreamDrop) => Some(Box::new(StreamEpochs)),
+        Some(Mutant::CreditPerSubscription) => Some(Box::new(CreditPerSubscription::default())),
         _ => None,
     };
     if let Some(layer) = layer {
@@ -128,6 +130,10 @@ pub async fn consume(
                 .max_connections(config.concurrency as u32)
                 .connect_lazy_with(options),
         );
+    }
+    if is(Mutant::SessionOnFirstConnection) {
+        // One delivery a transaction, so that every apply runs the statements above.
+        config.group_max = 1;
     }
     if is(Mutant::NoQueueCheck) {
         let subscription = client
@@ -243,6 +249,9 @@ fn applied_at_once() -> Handled {
 /// - [`Mutant::LenientVersions`] applies a version such as `1.0` as the whole number;
 /// - [`Mutant::ViewByTaskAlone`] also moves every other view of the task after an apply;
 /// - [`Mutant::QuotesConflictResult`] prints a conflicting event's result;
+/// - [`Mutant::CancelsOnStreamDrop`] fails an apply whose stream dropped ([`StreamEpochs`]);
+/// - [`Mutant::SessionOnFirstConnection`] sets the session time zone on the connection of its
+///   first apply only ([`UtcOnce`]);
 /// - the others apply as the program does (their changes are in the store's statements).
 fn apply<'a>(
     store: &'a Applier,
@@ -387,6 +396,56 @@ fn apply<'a>(
                 },
                 Err(rejected) => rejected,
             },
+            Some(Mutant::SessionOnFirstConnection)
+                if !SESSION_SET.load(std::sync::atomic::Ordering::SeqCst) =>
+            {
+                match parse(raw, store.queue()) {
+                    Ok(event) => {
+                        let applied = store
+                            .apply_until(
+                                &event,
+                                &UtcOnce {
+                                    consumer: store.consumer().as_str().to_owned(),
+                                },
+                                Some(deadline),
+                            )
+                            .await;
+                        Handled::of(&event, &applied.result, applied.reasons)
+                    }
+                    Err(rejected) => rejected,
+                }
+            }
+            Some(Mutant::CancelsOnStreamDrop) => {
+                let received_on = event_id_of(raw).and_then(|id| {
+                    EPOCHS
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .1
+                        .get(&id)
+                        .copied()
+                });
+                let now = || EPOCHS.lock().unwrap_or_else(|p| p.into_inner()).0;
+                if received_on.is_some_and(|on| on != now()) {
+                    // Its stream is gone: dropped as if its lease had ended with it.
+                    return Handled {
+                        classification: Classification::Timeout,
+                        ..applied_at_once()
+                    };
+                }
+                let started_on = now();
+                let dropped = async {
+                    while now() == started_on {
+                        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                    }
+                };
+                tokio::select! {
+                    h = store.apply_raw(raw, deadline) => h,
+                    () = dropped => Handled {
+                        classification: Classification::Timeout,
+                        ..applied_at_once()
+                    },
+                }
+            }
             Some(Mutant::QuotesConflictResult) => {
                 let h = store.apply_raw(raw, deadline).await;
                 if h.classification == Classification::Conflict {
@@ -594,6 +653,54 @@ impl result_inbox::BusinessWrite for BlindView {
     }
 }
 
+/// Set once [`UtcOnce`] has set a connection's session ([`Mutant::SessionOnFirstConnection`]).
+static SESSION_SET: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// [`Mutant::SessionOnFirstConnection`]'s one setting of the session: inside the first apply,
+/// `SET time_zone` on its connection, and that event's own times written again in UTC (the
+/// statements ran in the server's zone), so that one connection at a time behaves.
+struct UtcOnce {
+    consumer: String,
+}
+
+impl result_inbox::BusinessWrite for UtcOnce {
+    fn write<'a>(
+        &'a self,
+        conn: &'a mut sqlx::MySqlConnection,
+        receipt: result_inbox::Receipt<'a>,
+    ) -> result_inbox::WriteFuture<'a> {
+        Box::pin(async move {
+            let e = receipt.event;
+            sqlx::query("SET time_zone = '+00:00'")
+                .execute(&mut *conn)
+                .await?;
+            let consumer = &self.consumer;
+            sqlx::query(
+                "UPDATE receiver_inbox SET received_at = UTC_TIMESTAMP(6) \
+                 WHERE consumer_name = ? AND queue_id = ? AND event_id = ?",
+            )
+            .bind(consumer)
+            .bind(e.queue().as_str())
+            .bind(e.id().as_str())
+            .execute(&mut *conn)
+            .await?;
+            sqlx::query(
+                "UPDATE receiver_task_views SET updated_at = UTC_TIMESTAMP(6), \
+                 created_at = IF(applied_events = 1, UTC_TIMESTAMP(6), created_at) \
+                 WHERE consumer_name = ? AND queue_id = ? AND task_id = ? AND last_event_id = ?",
+            )
+            .bind(consumer)
+            .bind(e.queue().as_str())
+            .bind(e.task().as_str())
+            .bind(e.id().as_str())
+            .execute(&mut *conn)
+            .await?;
+            SESSION_SET.store(true, std::sync::atomic::Ordering::SeqCst);
+            Ok(())
+        })
+    }
+}
+
 /// Where `consume` reads its configuration in this build: the process environment, but for
 /// [`Mutant::LenientConfig`] a `RECEIVER_NAME` outside its grammar reads as unset (so the
 /// default name is used instead of a refusal).
@@ -755,5 +862,56 @@ impl orbit_sdk::seam::LinkLayer for PrintsRefusedProof {
             }
         }
         Vec::new()
+    }
+}
+
+/// [`Mutant::CancelsOnStreamDrop`]'s record: the stream connection open now (counted from 1),
+/// and the connection each event's delivery arrived on.
+static EPOCHS: std::sync::Mutex<(u64, EventEpochs)> =
+    std::sync::Mutex::new((0, std::collections::BTreeMap::new()));
+
+type EventEpochs = std::collections::BTreeMap<String, u64>;
+
+/// The `id` member of an event's text.
+fn event_id_of(raw: &[u8]) -> Option<String> {
+    let v: serde_json::Value = serde_json::from_slice(raw).ok()?;
+    v.get("id")?.as_str().map(str::to_owned)
+}
+
+/// [`Mutant::CancelsOnStreamDrop`]'s layer: counts the stream's connections and notes which
+/// one each delivery arrived on ([`EPOCHS`]).
+#[derive(Debug)]
+pub struct StreamEpochs;
+
+impl orbit_sdk::seam::LinkLayer for StreamEpochs {
+    fn connected(&self) {
+        EPOCHS.lock().unwrap_or_else(|p| p.into_inner()).0 += 1;
+    }
+
+    fn received(&self, text: &str) -> Vec<String> {
+        if let Some(id) = frames::delivered_event_id(text) {
+            let mut epochs = EPOCHS.lock().unwrap_or_else(|p| p.into_inner());
+            let now = epochs.0;
+            epochs.1.insert(id, now);
+        }
+        Vec::new()
+    }
+}
+
+/// [`Mutant::CreditPerSubscription`]: the credit granted on the first connection is taken as
+/// the subscription's for good; later connections are sent none.
+#[derive(Debug, Default)]
+pub struct CreditPerSubscription {
+    connections: std::sync::atomic::AtomicU64,
+}
+
+impl orbit_sdk::seam::LinkLayer for CreditPerSubscription {
+    fn connected(&self) {
+        self.connections
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    fn sending(&self, text: &str) -> bool {
+        !(frames::is_credit(text) && self.connections.load(std::sync::atomic::Ordering::SeqCst) > 1)
     }
 }

@@ -168,7 +168,7 @@ pub fn statements(m: Mutant) -> StatementTable {
                 group_rule: GroupRule::RestTwice,
                 ..standard
             },
-            Mutant::LocalTime => StatementTable {
+            Mutant::LocalTime | Mutant::SessionOnFirstConnection => StatementTable {
                 insert_inbox: leak(standard.insert_inbox.replace("UTC_TIMESTAMP(6)", "NOW(6)")),
                 upsert_view: leak(standard.upsert_view.replace("UTC_TIMESTAMP(6)", "NOW(6)")),
                 time_zone: None,

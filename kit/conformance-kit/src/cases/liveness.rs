@@ -8,7 +8,7 @@ use orbit_sdk::DeliveryId;
 
 use crate::world::*;
 use crate::*;
-use fixtures::QUEUE;
+use fixtures::{poll, QUEUE};
 
 /// Events of each kind in the burst, and good ones after it.
 const REFUSED: usize = 4;
@@ -344,6 +344,129 @@ pub(crate) async fn abandoned_commit(ctx: Ctx) -> Verdict {
         ABANDONED_HOLD_MS / 1000,
         d.attempts,
         held.elapsed().as_secs_f64()
+    ))
+}
+
+/// Events of each round of `stream-dropped`.
+const DROPPED_ROUND: usize = 8;
+/// How long `stream-dropped` holds every COMMIT's answer: the applies are in flight, and the
+/// deliveries behind them leased ahead, when the stream drops.
+const DROPPED_COMMIT_MS: u64 = 600;
+/// `stream-dropped`'s lease: long enough for every delivery of a round to be applied and
+/// ACKed at its first attempt, after a reconnect, with the COMMITs held.
+const DROPPED_LEASE: u64 = 20;
+
+/// A stream dropped by the platform while deliveries are leased ahead and applies are in
+/// flight: a lease belongs to the delivery, not to the stream, so nothing may be cancelled
+/// that could finish, and every delivery must be ACKed at its first attempt on a later stream.
+/// Then an idle period and a second round: the new stream's credit must be whole (counted
+/// per connection, granted afresh), or the receiver stalls for good.
+pub(crate) async fn stream_dropped(ctx: Ctx) -> Verdict {
+    let mut w = World::start(&ctx, DROPPED_LEASE).await;
+    let proxy = w.behind_proxy().await;
+    proxy
+        .arm(RuleSpec::new(Action::Delay {
+            delay_ms: DROPPED_COMMIT_MS,
+        }))
+        .expect("the rule arms");
+    let _p = w.running().await?;
+    let round = |r: usize| {
+        (0..DROPPED_ROUND)
+            .flat_map(|i| {
+                let id = format!("dropped-{r}-{i}-{:x}", ctx.seed);
+                let task = format!("dropped-task-{r}-{i}-{:x}", ctx.seed);
+                w.send(&w.event(&id, &task, 1, "task.started")).1
+            })
+            .collect::<Vec<_>>()
+    };
+    let first = round(0);
+    // Close the stream once the receiver holds several leases and none is ACKed yet; what it
+    // holds then is what the close must not cost an attempt.
+    let held = w
+        .or_ended(poll(
+            Duration::from_secs(20),
+            Duration::from_millis(50),
+            || async {
+                let ds = w.deliveries().await;
+                let of = |state: &str| -> Vec<DeliveryId> {
+                    ds.iter()
+                        .filter(|d| first.contains(&d.id) && d.state == state)
+                        .map(|d| d.id.clone())
+                        .collect()
+                };
+                let (leased, acked) = (of("LEASED"), of("ACKED"));
+                (leased.len() >= 2 || !acked.is_empty()).then_some((leased, acked.len()))
+            },
+        ))
+        .await?
+        .ok_or(format!(
+            "R-E2E-3: none of the {DROPPED_ROUND} deliveries of the first round was leased within 20 s"
+        ))?;
+    let closed = w.fault(serde_json::json!({"fault": "close-streams"}));
+    let streams = closed["streams"].as_u64().unwrap_or(0);
+    let (leased, acked_before) = held;
+    w.acked(
+        &leased,
+        Duration::from_secs(DROPPED_LEASE - 2),
+        "R-SDK-2 (a dropped stream ends no lease: every delivery it held is ACKed on a later stream, within its lease)",
+    )
+    .await?;
+    let mut late = Vec::new();
+    for id in &leased {
+        let d = w.delivery(id).await;
+        if d.attempts != 1 {
+            late.push(format!("{} at attempt {}", d.id, d.attempts));
+        }
+    }
+    ensure!(
+        late.is_empty(),
+        "R-SDK-2: the platform closed the stream while {} deliveries were leased to the receiver ({acked_before} ACKed before), and {} of them were ACKed only after their leases ran out ({}): a lease belongs to the delivery, not to the stream; a dropped stream must cancel no apply that could finish nor forget the deliveries leased ahead, and their ACKs go on the next stream (docs/receiver-contract.md, \"Leases across reconnects\")",
+        leased.len(),
+        late.len(),
+        late.iter().take(3).cloned().collect::<Vec<_>>().join(", ")
+    );
+    // Idle, then more: the new stream's credit is whole.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    // The first round's deliveries that were not leased at the close, and a second round:
+    // only the new stream's credit brings them.
+    let mut second: Vec<DeliveryId> = first
+        .iter()
+        .filter(|id| !leased.contains(id))
+        .cloned()
+        .collect();
+    second.extend(round(1));
+    let most = std::sync::atomic::AtomicUsize::new(0);
+    let watch = async {
+        loop {
+            let ds = w.deliveries().await;
+            let n = ds
+                .iter()
+                .filter(|d| second.contains(&d.id) && d.state == "LEASED")
+                .count();
+            most.fetch_max(n, std::sync::atomic::Ordering::SeqCst);
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    let acked = tokio::select! {
+        a = w.acked(&second, Duration::from_secs(30), "R-E2E-3") => a,
+        () = watch => unreachable!("the watch never ends"),
+    };
+    let most = most.load(std::sync::atomic::Ordering::SeqCst);
+    acked.map_err(|why| {
+        format!(
+            "R-E2E-3: after the stream was dropped and reconnected, then 3 s idle, {} deliveries that only the new stream could bring were not all ACKed within 30 s (at most {most} leased at once): grant credit afresh on every new stream, counted per connection, never per subscription (docs/receiver-contract.md, \"Leases across reconnects\"); {why}",
+            second.len()
+        )
+    })?;
+    ensure!(
+        most >= 2,
+        "R-E2E-3: after the reconnect the receiver held at most {most} delivery at a time with {} waiting and every COMMIT answered {DROPPED_COMMIT_MS} ms late: the new stream's credit is not whole (the default concurrency is 4; docs/receiver-contract.md, \"Credit\")",
+        second.len()
+    );
+    Ok(format!(
+        "the stream closed ({streams} open) with {} leased and {acked_before} ACKed: each ACKed at its first attempt on a later stream; after 3 s idle, {} more ACKed, up to {most} leased at once",
+        leased.len(),
+        second.len()
     ))
 }
 

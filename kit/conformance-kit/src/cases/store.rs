@@ -378,6 +378,114 @@ pub(crate) async fn utc(ctx: Ctx) -> Verdict {
     Ok("received_at and updated_at in UTC with the server at +09:00".into())
 }
 
+/// Events of each round of `every-connection`.
+const ROUND: usize = 12;
+
+/// Every connection the receiver opens must have the session the contract requires, not only
+/// the first: a setting made once through a pool reaches one connection. The server of the
+/// case's own runs at +09:00; every COMMIT is answered 300 ms late, so that applies overlap and
+/// a receiver that opens connections as it needs them opens several; between two rounds every
+/// connection of the runtime account is killed on the server, so that every later apply runs on
+/// a connection opened anew. Every stored time of both rounds must be UTC.
+pub(crate) async fn every_connection(ctx: Ctx) -> Verdict {
+    let mut w = World::with_own_server(&ctx, 10, BUDGET).await;
+    let mut admin = w.admin().await;
+    sqlx::query("SET GLOBAL time_zone = '+09:00'")
+        .execute(&mut admin)
+        .await
+        .expect("the server's time zone set");
+    let proxy = w.behind_proxy().await;
+    proxy
+        .arm(RuleSpec::new(Action::Delay { delay_ms: 300 }))
+        .expect("the rule arms");
+    let _p = w.running().await?;
+    let mut tasks = Vec::new();
+    let mut most = 0;
+    for round in 0..2 {
+        let mut ids = Vec::new();
+        for i in 0..ROUND {
+            let task = format!("conn-{round}-{i}-{:x}", ctx.seed);
+            let key = format!("conn-event-{round}-{i}-{:x}", ctx.seed);
+            ids.extend(w.send(&w.event(&key, &task, 1, "task.started")).1);
+            tasks.push((task, key));
+        }
+        let seen = connections(&mut admin, &w.db().runtime.user);
+        let (acked, seen) =
+            tokio::join!(w.acked(&ids, Duration::from_secs(40), "R-SCHEMA-6"), seen);
+        acked?;
+        most = most.max(seen);
+        if round == 0 {
+            // Every connection of the runtime account goes; the next applies open new ones.
+            let ids: Vec<(i64,)> =
+                sqlx::query_as("SELECT id FROM information_schema.PROCESSLIST WHERE user = ?")
+                    .bind(&w.db().runtime.user)
+                    .fetch_all(&mut admin)
+                    .await
+                    .expect("the receiver's connections listed");
+            for (id,) in ids {
+                let _ = sqlx::query(&format!("KILL CONNECTION {id}"))
+                    .execute(&mut admin)
+                    .await;
+            }
+        }
+    }
+    let mut wrong = Vec::new();
+    for (task, key) in &tasks {
+        let skew: Option<(Option<i64>, Option<i64>, Option<i64>)> = sqlx::query_as(
+            "SELECT TIMESTAMPDIFF(SECOND, i.received_at, UTC_TIMESTAMP(6)), \
+                    TIMESTAMPDIFF(SECOND, v.created_at, UTC_TIMESTAMP(6)), \
+                    TIMESTAMPDIFF(SECOND, v.updated_at, UTC_TIMESTAMP(6)) \
+             FROM receiver_inbox i JOIN receiver_task_views v ON v.task_id = ? \
+             WHERE i.event_id = ?",
+        )
+        .bind(task)
+        .bind(key)
+        .fetch_optional(&mut admin)
+        .await
+        .map_err(|e| format!("R-SCHEMA-3: the stored times could not be read: {e}"))?;
+        let (received, created, updated) = skew.ok_or(format!(
+            "R-STORE-7: event {key} was ACKed without an inbox row and a view"
+        ))?;
+        for (what, s) in [
+            ("received_at", received),
+            ("created_at", created),
+            ("updated_at", updated),
+        ] {
+            if s.is_none_or(|s| s.abs() >= 600) {
+                wrong.push(format!("{key}: {what} {s:?} s from UTC"));
+            }
+        }
+    }
+    ensure!(
+        wrong.is_empty(),
+        "R-SCHEMA-6: with the server at +09:00, {} of {} stored times are not UTC, over up to {most} connections at once and every connection killed between two rounds: the session the contract requires must be set on every connection the receiver opens, not once through its pool (docs/receiver-contract.md, \"Every connection\"): {}",
+        wrong.len(),
+        tasks.len() * 3,
+        wrong.iter().take(3).cloned().collect::<Vec<_>>().join("; ")
+    );
+    Ok(format!(
+        "{} events over two rounds, up to {most} connections at once, every connection killed between them: every stored time UTC with the server at +09:00",
+        tasks.len()
+    ))
+}
+
+/// The most connections `user` held at once, sampled for 3 s.
+async fn connections(admin: &mut sqlx::MySqlConnection, user: &str) -> i64 {
+    let mut most = 0;
+    let until = std::time::Instant::now() + Duration::from_secs(3);
+    while std::time::Instant::now() < until {
+        let (n,): (i64,) =
+            sqlx::query_as("SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE user = ?")
+                .bind(user)
+                .fetch_one(&mut *admin)
+                .await
+                .unwrap_or((0,));
+        most = most.max(n);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    most
+}
+
 /// Tasks of each kind in `concurrent-versions`.
 const CONCURRENT_TASKS: usize = 8;
 /// How long the proxy holds the answer to each statement on the view in `concurrent-versions`:

@@ -34,7 +34,7 @@ pub(super) struct FaultRequest {
     body: Option<String>,
 }
 
-const FAULTS: &str = "drop-next-ack-reply, drop-next-ack, stall-next-ack, refuse-next-ack, close-stream-after-delivery, oversize-next-delivery, skip-next-result-check, duplicate-event, forge-event or inject-event";
+const FAULTS: &str = "drop-next-ack-reply, drop-next-ack, stall-next-ack, refuse-next-ack, close-stream-after-delivery, close-streams, oversize-next-delivery, skip-next-result-check, duplicate-event, forge-event or inject-event";
 
 /// The forged event's `occurred_at`: no platform event carries it.
 const FORGED_AT: &str = "2001-02-03T04:05:06Z";
@@ -76,6 +76,13 @@ pub(super) async fn arm_fault(
             ));
         }
         "close-stream-after-delivery" => p.close_after_delivery.store(true, Ordering::SeqCst),
+        "close-streams" => {
+            let open = p.close_streams.receiver_count();
+            p.close_streams.send_modify(|n| *n += 1);
+            return Ok(Json(
+                serde_json::json!({"armed": req.fault, "streams": open}),
+            ));
+        }
         "oversize-next-delivery" => p.oversize_next_delivery.store(true, Ordering::SeqCst),
         "skip-next-result-check" => p.skip_next_result_check.store(true, Ordering::SeqCst),
         "duplicate-event" => {

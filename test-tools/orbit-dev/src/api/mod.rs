@@ -69,6 +69,8 @@ pub struct Platform {
     pub refuse_next_ack: AtomicBool,
     /// Fault: close the stream right after the next delivery is sent.
     pub close_after_delivery: AtomicBool,
+    /// Fault: every stream open now closes (each watches this count).
+    pub close_streams: tokio::sync::watch::Sender<u64>,
     /// The next delivery sent is padded past any legal size (the oversize-next-delivery fault).
     pub oversize_next_delivery: AtomicBool,
     /// Fault: accept the next reported result without the canonical form's check (as a

@@ -84,6 +84,7 @@ async fn serve_stream(p: Shared, sub: String, mut socket: WebSocket) {
     let mut report = HoldReport::default();
     let mut inbound = Inbound::default();
     let mut end = None;
+    let mut closing = p.close_streams.subscribe();
     loop {
         // Registered before the turn reads anything, so that a delivery made or a lease ended
         // while the turn runs still wakes the wait below.
@@ -216,6 +217,11 @@ async fn serve_stream(p: Shared, sub: String, mut socket: WebSocket) {
                 }
             }
             _ = wake => {}
+            Ok(()) = closing.changed() => {
+                // The close-streams fault: this stream ends now; its leases run on.
+                let _ = socket.close().await;
+                return;
+            }
             _ = poll.tick() => {
                 // A client without credit is said once it has stayed so for a tick, never per
                 // delivery: a draining client runs out of credit after every delivery it takes.
