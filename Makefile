@@ -46,7 +46,7 @@ KIT_RECEIVER ?= target/debug/receiver
 KIT_JOBS ?= 3
 kit: deps build mutant-build ## The conformance kit against our receiver (every case), then each mutant against the case aimed at it
 	$(CARGO) run -q -p conformance-kit --bin conformance -- run --receiver '$(KIT_RECEIVER)' --jobs $(KIT_JOBS) --junit target/kit/report.xml --json target/kit/report.json $(KIT_ARGS)
-	$(CARGO) run -q -p conformance-kit --bin conformance -- mutants --receiver-mutant target/debug/receiver-mutant --jobs $(KIT_JOBS)
+	$(CARGO) run -q -p conformance-kit --bin conformance -- mutants --receiver-mutant target/debug/receiver-mutant --jobs $(KIT_JOBS) --matrix target/debug/mutant-matrix.json
 
 # PREFIX and DESTDIR as usual: DESTDIR=/tmp/stage puts everything below a staging directory.
 PREFIX ?= /usr/local
@@ -58,7 +58,7 @@ install: release ## Install receiver, the schema, the systemd units, the alert r
 dist: release ## The release package: target/dist/result-inbox-<version>-x86_64-linux.tar.gz (receiver, units, schema, alerts, dashboard, docs, install.sh) and target/dist/SHA256SUMS
 	@scripts/dist package
 
-kit-dist: ## The kit as a tarball for teams without this repository or Rust: target/dist/result-inbox-kit-<version>-x86_64-linux.tar.gz (the kit, orbit-dev, commit-proxy, the contract, a quick start)
+kit-dist: deps mutant-build ## The kit as a tarball for teams without this repository or Rust: target/dist/result-inbox-kit-<version>-x86_64-linux.tar.gz (the kit, orbit-dev, commit-proxy, the contract, a quick start, the kit build's mutant matrix)
 	@scripts/kit-dist
 
 test: deps build fault-build mutant-build release ## Every test: unit tests, every real-server suite (as make integration), then the conformance kit (as make kit)

@@ -486,8 +486,8 @@ impl Case {
                     .take();
                 let why = why.lines().next().unwrap_or_default();
                 Err(match at {
-                    Some(at) => format!("the kit could not run the case: {why} (at {at})"),
-                    None => format!("the kit could not run the case: {why}"),
+                    Some(at) => format!("{}: {why} (at {at})", report::NOT_RUN),
+                    None => format!("{}: {why}", report::NOT_RUN),
                 })
             }
         }
@@ -658,6 +658,7 @@ mod tests {
 
 mod cases;
 mod forms;
+pub mod provenance;
 pub mod report;
 pub mod runner;
 mod world;

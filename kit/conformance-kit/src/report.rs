@@ -16,7 +16,13 @@ pub const CANNOT_VERIFY: &[&str] = &[
     "TLS, and a platform other than orbit-dev",
 ];
 
-/// A case known to fail for this receiver, and why (one line of `--expect FILE`).
+/// How the message of a case that could not run begins: a tool, a privilege or a server the
+/// case needs was missing, or the kit itself failed. Such a case is reported as not run, never
+/// as passed, and fails the run unless `--expect` declares it.
+pub const NOT_RUN: &str = "the kit could not run the case";
+
+/// A case known to fail for this receiver, or declared not to run here, and why (one line of
+/// `--expect FILE`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Expected {
     pub case: String,
@@ -69,11 +75,28 @@ pub enum Outcome {
     ExpectedFailure,
     /// Passed although the expectations file says it fails: the file is out of date.
     UnexpectedPass,
+    /// Could not run ([`NOT_RUN`]): never a pass; it fails the run.
+    NotRun,
+    /// Could not run, as the expectations file declares, with its reason.
+    DeclaredNotRun,
 }
 
 impl Outcome {
     pub fn of(passed: bool, expected_to_fail: bool) -> Outcome {
-        match (passed, expected_to_fail) {
+        Outcome::judged(passed, false, expected_to_fail)
+    }
+
+    /// The outcome of a case that passed, or could not run, or neither, against whether the
+    /// expectations file names it.
+    pub fn judged(passed: bool, not_run: bool, declared: bool) -> Outcome {
+        if not_run && !passed {
+            return if declared {
+                Outcome::DeclaredNotRun
+            } else {
+                Outcome::NotRun
+            };
+        }
+        match (passed, declared) {
             (true, false) => Outcome::Passed,
             (false, false) => Outcome::Failed,
             (false, true) => Outcome::ExpectedFailure,
@@ -87,6 +110,8 @@ impl Outcome {
             Outcome::Failed => "FAILED",
             Outcome::ExpectedFailure => "expected-failure",
             Outcome::UnexpectedPass => "unexpected-pass",
+            Outcome::NotRun => "NOT-RUN",
+            Outcome::DeclaredNotRun => "not-run-declared",
         }
     }
 
@@ -95,8 +120,8 @@ impl Outcome {
     /// file is kept true).
     pub fn fails_run(self, level: Level, strict: bool) -> bool {
         match self {
-            Outcome::Passed | Outcome::ExpectedFailure => false,
-            Outcome::UnexpectedPass => true,
+            Outcome::Passed | Outcome::ExpectedFailure | Outcome::DeclaredNotRun => false,
+            Outcome::UnexpectedPass | Outcome::NotRun => true,
             Outcome::Failed => level == Level::Must || strict,
         }
     }
@@ -130,7 +155,13 @@ pub struct CaseResult<'a> {
 
 impl CaseResult<'_> {
     pub fn outcome(&self) -> Outcome {
-        Outcome::of(self.verdict.is_ok(), self.expected.is_some())
+        let not_run = matches!(self.verdict, Err(why) if why.starts_with(NOT_RUN));
+        Outcome::judged(self.verdict.is_ok(), not_run, self.expected.is_some())
+    }
+
+    /// The outcome's name in a certificate: lowercase.
+    pub fn verdict_name(&self) -> String {
+        self.outcome().as_str().to_ascii_lowercase()
     }
 }
 
@@ -182,10 +213,19 @@ pub struct Facts<'a> {
     pub seed: u64,
     /// When the run started, RFC 3339 UTC.
     pub started_at: &'a str,
+    /// Where it ran: the kernel, the CPUs, `--jobs`, and the database server's settings that
+    /// the cases' timings and verdicts depend on.
+    pub environment: serde_json::Value,
+    /// The kit build's own mutant matrix ([`MutantMatrix`]), when one was made for this binary.
+    pub mutant_matrix: Option<serde_json::Value>,
+    /// Every case the expectations file declares, with its reason.
+    pub declared: &'a [Expected],
+    /// How many cases the kit has: a run of fewer is not complete.
+    pub cases_total: usize,
 }
 
 /// The version of the certificate's format (docs/certificate.schema.json).
-pub const CERTIFICATE_VERSION: u32 = 1;
+pub const CERTIFICATE_VERSION: u32 = 2;
 
 /// A certificate of the run: one JSON document a team can publish beside its receiver
 /// (docs/conformance-kit.md, "A certificate"; its schema is docs/certificate.schema.json). It
@@ -213,6 +253,20 @@ pub fn certificate(facts: &Facts<'_>, seconds: f64, cases: &[CaseResult<'_>]) ->
             "version": facts.receiver_version,
         },
         "database": { "server": facts.database_server },
+        "environment": facts.environment,
+        "mutant_matrix": facts.mutant_matrix,
+        "complete": cases.len() == facts.cases_total
+            && !cases.iter().any(|c| matches!(c.outcome(), Outcome::NotRun | Outcome::DeclaredNotRun)),
+        "cases_total": facts.cases_total,
+        "declared": facts.declared.iter().map(|e| serde_json::json!({
+            "case": e.case,
+            "reason": e.reason,
+        })).collect::<Vec<_>>(),
+        "not_run": cases.iter().filter(|c| matches!(c.outcome(), Outcome::NotRun | Outcome::DeclaredNotRun)).map(|c| serde_json::json!({
+            "case": c.name,
+            "why": match c.verdict { Ok(m) | Err(m) => m },
+            "declared": c.expected,
+        })).collect::<Vec<_>>(),
         "seed": facts.seed,
         "started_at": facts.started_at,
         "seconds": (seconds * 10.0).round() / 10.0,
@@ -220,7 +274,7 @@ pub fn certificate(facts: &Facts<'_>, seconds: f64, cases: &[CaseResult<'_>]) ->
             "name": c.name,
             "level": c.level.as_str(),
             "rules": c.rules.split_whitespace().collect::<Vec<_>>(),
-            "verdict": c.outcome().as_str().to_ascii_lowercase(),
+            "verdict": c.verdict_name(),
             "seconds": (c.seconds * 10.0).round() / 10.0,
             "message": match c.verdict { Ok(m) | Err(m) => m },
         })).collect::<Vec<_>>(),
@@ -278,6 +332,81 @@ mod tests {
         assert!(UnexpectedPass.fails_run(Should, false));
         assert_eq!(Outcome::of(false, true), ExpectedFailure);
         assert_eq!(Outcome::of(true, true), UnexpectedPass);
+        // A case not run is never a pass, at any level, unless declared with a reason.
+        assert!(NotRun.fails_run(Should, false));
+        assert!(NotRun.fails_run(Must, false));
+        assert!(!DeclaredNotRun.fails_run(Must, true));
+        assert_eq!(Outcome::judged(false, true, false), NotRun);
+        assert_eq!(Outcome::judged(false, true, true), DeclaredNotRun);
+        assert_eq!(Outcome::judged(true, true, false), Passed);
+    }
+
+    /// A certificate records every declared case and every case not run, and is complete only
+    /// when every case of the kit ran.
+    #[test]
+    fn a_certificate_names_what_was_declared_and_what_did_not_run() {
+        let not_run: Result<String, String> = Err(format!(
+            "{NOT_RUN}: a local server of the case's own: no MySQL server found"
+        ));
+        let ok: Result<String, String> = Ok("fine".into());
+        let cases = [
+            CaseResult {
+                name: "utc",
+                rules: "R-SCHEMA-6",
+                level: Level::Must,
+                seconds: 0.1,
+                verdict: &not_run,
+                expected: Some("no local server in our CI"),
+            },
+            CaseResult {
+                name: "duplicate",
+                rules: "R-STORE-4",
+                level: Level::Must,
+                seconds: 0.5,
+                verdict: &ok,
+                expected: None,
+            },
+        ];
+        let declared = [Expected {
+            case: "utc".into(),
+            reason: "no local server in our CI".into(),
+        }];
+        let facts = Facts {
+            receiver: "r",
+            receiver_version: None,
+            kit_sha256: "ab",
+            database_server: "10.11",
+            seed: 1,
+            started_at: "2026-12-07T00:00:00Z",
+            environment: serde_json::json!({}),
+            mutant_matrix: None,
+            declared: &declared,
+            cases_total: 2,
+        };
+        let c = certificate(&facts, 1.0, &cases);
+        assert_eq!(c["cases"][0]["verdict"], "not-run-declared");
+        assert_eq!(c["not_run"][0]["case"], "utc");
+        assert_eq!(c["not_run"][0]["declared"], "no local server in our CI");
+        assert_eq!(c["declared"][0]["reason"], "no local server in our CI");
+        assert_eq!(
+            c["complete"], false,
+            "a declared case not run is still not run"
+        );
+        assert_eq!(c["verdict"]["plain"], "pass");
+        let undeclared = [CaseResult {
+            expected: None,
+            ..cases[0]
+        }];
+        let c = certificate(
+            &Facts {
+                declared: &[],
+                ..facts
+            },
+            1.0,
+            &undeclared,
+        );
+        assert_eq!(c["cases"][0]["verdict"], "not-run");
+        assert_eq!(c["verdict"]["plain"], "fail", "a skip is never a pass");
     }
 
     #[test]

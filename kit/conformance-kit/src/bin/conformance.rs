@@ -18,7 +18,7 @@ use conformance_kit::report::{self, CaseResult, Expected};
 use conformance_kit::runner::{at_most, run_case};
 use conformance_kit::{cases, Ctx, Level};
 
-const USAGE: &str = "usage: conformance run --receiver 'COMMAND LINE' [--only CASE[,CASE…]] [--seed N] [--junit FILE] [--json FILE] [--certificate FILE] [--expect FILE] [--strict] [--keep-logs DIR] [--jobs N]\n       conformance mutants --receiver-mutant PATH [--runs N] [--only MUTANT[,MUTANT…]] [--seed N] [--jobs N]\n       conformance list\n       conformance <command> --help";
+const USAGE: &str = "usage: conformance run --receiver 'COMMAND LINE' [--only CASE[,CASE…]] [--seed N] [--junit FILE] [--json FILE] [--certificate FILE] [--expect FILE] [--strict] [--keep-logs DIR] [--jobs N]\n       conformance mutants --receiver-mutant PATH [--runs N] [--only MUTANT[,MUTANT…]] [--seed N] [--jobs N] [--matrix FILE]\n       conformance list\n       conformance <command> --help";
 
 const RUN_HELP: &str = "usage: conformance run --receiver 'COMMAND LINE' [--only CASE[,CASE…]] [--seed N] [--junit FILE] [--json FILE] [--certificate FILE] [--expect FILE] [--strict] [--keep-logs DIR] [--jobs N]
 
@@ -34,21 +34,41 @@ otherwise, 2 for a bad command line or an unwritable report.
   --certificate FILE a certificate of the run to publish: the kit (version, contract, its
                      SHA-256), the receiver (command, `--version` line), the database, the
                      seed, every case's verdict, the run's verdict plain and strict
-  --expect FILE      cases known to fail, one `case: reason` a line (`#` starts a comment);
-                     a case that fails otherwise than expected, or passes, fails the run
+  --expect FILE      cases known to fail, or that cannot run here, one `case: reason` a line
+                     (`#` starts a comment); a case that fails otherwise than expected, or
+                     passes, fails the run
   --strict           SHOULD cases fail the run too
   --keep-logs DIR    where the receiver's output of each failed case is kept (one directory a
                      case; default target/kit/logs); a passed case's is removed
   --jobs N           cases run at once, 1 to 8 (default 1): each case's timings hold with
-                     three at once on two cores; a machine busy with other work may need 1";
+                     three at once on two cores; a machine busy with other work may need 1
+  --database URL     mysql://ADMIN:PASSWORD@HOST:PORT: make the cases' databases and accounts
+                     on that server (a CI's service database) instead of servers of the kit's
+                     own; it creates and drops only databases and users named orbit_test_*,
+                     orbit_receiver_test_* and rit_*. The five cases that stop or reconfigure
+                     their server (utc, every-connection, long-outage, database-restart,
+                     read-only) still start one of their own (mariadbd or mysqld installed);
+                     where they cannot, they are not run: declare them in --expect
 
-const MUTANTS_HELP: &str = "usage: conformance mutants --receiver-mutant PATH [--runs N] [--only MUTANT[,MUTANT…]] [--seed N] [--jobs N]
+Every option can come from the environment instead: CONFORMANCE_RECEIVER, CONFORMANCE_ONLY,
+CONFORMANCE_SEED, CONFORMANCE_JUNIT, CONFORMANCE_JSON, CONFORMANCE_CERTIFICATE,
+CONFORMANCE_EXPECT, CONFORMANCE_STRICT (1 or 0), CONFORMANCE_KEEP_LOGS, CONFORMANCE_JOBS,
+CONFORMANCE_DATABASE; the command line wins. With CONFORMANCE_RECEIVER set, `conformance` with
+no arguments runs.
+
+A case that could not run (a server, a tool or a privilege it needs is missing) is reported as
+not run with why, never as passed, and fails the run unless --expect declares it with a reason.";
+
+const MUTANTS_HELP: &str = "usage: conformance mutants --receiver-mutant PATH [--runs N] [--only MUTANT[,MUTANT…]] [--seed N] [--jobs N] [--matrix FILE]
 
 Runs each mutant of our receiver (PATH, built by `make mutant-build`; RECEIVER_MUTANT picks the
 rule it breaks) against the case aimed at it, which must fail naming that rule, N times (1 by
 default), run k with seed N+k (N drawn from the clock unless --seed). A mutant counts as caught
-only if every run caught it. --jobs N runs N mutants at once (1 to 8, default 1). Exit 0 when
-every mutant is caught, 1 otherwise, 2 for a bad command line.";
+only if every run caught it. --jobs N runs N mutants at once (1 to 8, default 1). --matrix FILE
+writes the mutant matrix (each mutant, its case and rule, caught in how many runs, with this
+kit binary's SHA-256); kept as mutant-matrix.json beside the binary, every certificate of that
+binary embeds it. It needs this repository's test build of our receiver (`make mutant-build`).
+Exit 0 when every mutant is caught, 1 otherwise, 2 for a bad command line.";
 
 /// The commands, for the help and the unknown-command line.
 const COMMANDS: &[&str] = &["run", "mutants", "list"];
@@ -71,6 +91,8 @@ struct Options {
     strict: bool,
     keep_logs: std::path::PathBuf,
     jobs: usize,
+    /// The server the cases' databases go on (`--database`), instead of servers of the kit's own.
+    database: Option<secret::Secret>,
 }
 
 /// What the command line asks for.
@@ -84,6 +106,8 @@ enum Asked {
 #[derive(Debug)]
 struct MutantOptions {
     bin: String,
+    /// Where to write the mutant matrix (`--matrix`).
+    matrix: Option<std::path::PathBuf>,
     runs: u64,
     only: Option<Vec<String>>,
     seed: u64,
@@ -158,12 +182,16 @@ struct RunArgs {
     keep_logs: Option<String>,
     #[arg(long, allow_hyphen_values = true)]
     jobs: Option<String>,
+    #[arg(long, allow_hyphen_values = true)]
+    database: Option<String>,
 }
 
 #[derive(clap::Args)]
 struct MutantArgs {
     #[arg(long, allow_hyphen_values = true)]
     receiver_mutant: Option<String>,
+    #[arg(long, allow_hyphen_values = true)]
+    matrix: Option<String>,
     #[arg(long, allow_hyphen_values = true)]
     runs: Option<String>,
     #[arg(long, allow_hyphen_values = true)]
@@ -185,8 +213,10 @@ const VALUES: &[(&str, &str)] = &[
     ("--expect", "a file"),
     ("--keep-logs", "a directory"),
     ("--receiver-mutant", "a path"),
+    ("--matrix", "a file"),
     ("--runs", "a number"),
     ("--jobs", "a number from 1 to 8"),
+    ("--database", "a URL, mysql://ADMIN:PASSWORD@HOST:PORT"),
 ];
 
 /// `--jobs`' value in `command`: how many cases (or mutants) run at once.
@@ -305,7 +335,81 @@ fn parse(args: &[String]) -> Result<Asked, String> {
     }
 }
 
+/// The variable that stands in for `flag` of `conformance run` when the flag is not given, so
+/// that the kit (and its image) can be configured by the environment alone.
+fn variable_of(flag: &str) -> String {
+    format!(
+        "CONFORMANCE_{}",
+        flag.trim_start_matches('-')
+            .replace('-', "_")
+            .to_ascii_uppercase()
+    )
+}
+
+/// `flag`'s value: the command line's, else its variable's ([`variable_of`]); an empty value
+/// of either is refused, naming which.
+fn given_or_env(flag: &str, value: Option<String>) -> Result<Option<String>, String> {
+    if value.is_some() {
+        return given("run", flag, value);
+    }
+    let name = variable_of(flag);
+    #[allow(clippy::disallowed_methods)] // the kit's own configuration, read in one place
+    match std::env::var(&name) {
+        Ok(v) if v.is_empty() => Err(format!("{name} is set but empty (it stands for {flag})")),
+        Ok(v) => Ok(Some(v)),
+        Err(std::env::VarError::NotUnicode(_)) => Err(format!("{name} is not valid UTF-8")),
+        Err(std::env::VarError::NotPresent) => Ok(None),
+    }
+}
+
+/// Every flag of `conformance run` that a variable can stand in for (the help names each).
+#[cfg(test)]
+const RUN_FLAGS: &[&str] = &[
+    "--receiver",
+    "--only",
+    "--seed",
+    "--junit",
+    "--json",
+    "--certificate",
+    "--expect",
+    "--strict",
+    "--keep-logs",
+    "--jobs",
+    "--database",
+];
+
 fn run_options(r: RunArgs, names: &[&str]) -> Result<Options, String> {
+    let r = RunArgs {
+        receiver: given_or_env("--receiver", r.receiver)?,
+        only: given_or_env("--only", r.only)?,
+        seed: given_or_env("--seed", r.seed)?,
+        junit: given_or_env("--junit", r.junit)?,
+        json: given_or_env("--json", r.json)?,
+        certificate: given_or_env("--certificate", r.certificate)?,
+        expect: given_or_env("--expect", r.expect)?,
+        strict: r.strict
+            || match given_or_env("--strict", None)?.as_deref() {
+                None | Some("0" | "false" | "no") => false,
+                Some("1" | "true" | "yes") => true,
+                Some(other) => {
+                    return Err(format!(
+                        "CONFORMANCE_STRICT={other:?} is not one of 1, true, yes, 0, false, no"
+                    ))
+                }
+            },
+        keep_logs: given_or_env("--keep-logs", r.keep_logs)?,
+        jobs: given_or_env("--jobs", r.jobs)?,
+        database: given_or_env("--database", r.database)?,
+    };
+    let database = r
+        .database
+        .map(|url| {
+            let ok = url.starts_with("mysql://") || url.starts_with("mariadb://");
+            ok.then(|| secret::Secret::new(url)).ok_or(
+                "--database must look like mysql://ADMIN:PASSWORD@HOST:PORT (the server the kit makes its databases and accounts on)",
+            )
+        })
+        .transpose()?;
     let receiver = given("run", "--receiver", r.receiver)?;
     let only = given("run", "--only", r.only)?
         .map(|v| only_of(&v, "case", names))
@@ -328,7 +432,7 @@ fn run_options(r: RunArgs, names: &[&str]) -> Result<Options, String> {
     let keep_logs = given("run", "--keep-logs", r.keep_logs)?
         .map_or_else(|| std::path::PathBuf::from(DEFAULT_KEEP_LOGS), Into::into);
     let receiver = receiver.ok_or(
-        "run: --receiver is required: the command line that starts your receiver, e.g. --receiver 'python3 receiver.py' (`conformance run --help`)",
+        "run: --receiver (or CONFORMANCE_RECEIVER) is required: the command line that starts your receiver, e.g. --receiver 'python3 receiver.py' (`conformance run --help`)",
     )?;
     Ok(Options {
         receiver,
@@ -341,6 +445,7 @@ fn run_options(r: RunArgs, names: &[&str]) -> Result<Options, String> {
         strict: r.strict,
         keep_logs,
         jobs,
+        database,
     })
 }
 
@@ -368,6 +473,7 @@ fn mutant_options(m: MutantArgs) -> Result<MutantOptions, String> {
         bin: bin.ok_or(
             "mutants: --receiver-mutant is required: the path of the mutant build (`make mutant-build`) (`conformance mutants --help`)",
         )?,
+        matrix: given("mutants", "--matrix", m.matrix)?.map(Into::into),
         runs,
         only,
         seed: seed.unwrap_or_else(clock_seed),
@@ -421,11 +527,16 @@ fn junit(ran: &[Ran], o: &Options, replay: &str, seconds: f64) -> String {
     let failures = ran
         .iter()
         .filter(|r| r.verdict.is_err() && r.expected.is_none())
+        .filter(|r| r.result().outcome() != report::Outcome::NotRun)
+        .count();
+    let errors = ran
+        .iter()
+        .filter(|r| r.result().outcome() == report::Outcome::NotRun)
         .count();
     let mut s = String::from("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n");
     let _ = writeln!(
         s,
-        "<testsuite name=\"result-inbox conformance kit {} (contract {})\" tests=\"{}\" failures=\"{failures}\" errors=\"0\" time=\"{seconds:.1}\">",
+        "<testsuite name=\"result-inbox conformance kit {} (contract {})\" tests=\"{}\" failures=\"{failures}\" errors=\"{errors}\" time=\"{seconds:.1}\">",
         env!("CARGO_PKG_VERSION"),
         conformance_kit::CONTRACT_VERSION,
         ran.len()
@@ -447,8 +558,24 @@ fn junit(ran: &[Ran], o: &Options, replay: &str, seconds: f64) -> String {
             xml(r.rules),
             r.seconds
         );
-        match &r.verdict {
-            Err(why) if r.expected.is_some() => {
+        match (&r.verdict, r.result().outcome()) {
+            (Err(why), report::Outcome::NotRun) => {
+                let _ = writeln!(
+                    s,
+                    ">\n    <error message=\"not run: {}\">{}\nnot run is never a pass: make the case runnable here, or declare it in --expect with a reason</error>\n  </testcase>",
+                    xml(why.lines().next().unwrap_or("not run")),
+                    xml(why)
+                );
+            }
+            (Err(why), report::Outcome::DeclaredNotRun) => {
+                let _ = writeln!(
+                    s,
+                    ">\n    <skipped message=\"not run here (declared): {}\">{}</skipped>\n  </testcase>",
+                    xml(r.expected.as_deref().unwrap_or_default()),
+                    xml(why)
+                );
+            }
+            (Err(why), _) if r.expected.is_some() => {
                 let _ = writeln!(
                     s,
                     ">\n    <skipped message=\"expected to fail: {}\">{}</skipped>\n  </testcase>",
@@ -456,7 +583,7 @@ fn junit(ran: &[Ran], o: &Options, replay: &str, seconds: f64) -> String {
                     xml(why)
                 );
             }
-            Ok(saw) => {
+            (Ok(saw), _) => {
                 let _ = writeln!(
                     s,
                     ">\n    <system-out>{}\nseed {}; replay: {replay} --only {}</system-out>\n  </testcase>",
@@ -465,7 +592,7 @@ fn junit(ran: &[Ran], o: &Options, replay: &str, seconds: f64) -> String {
                     xml(r.name)
                 );
             }
-            Err(why) => {
+            (Err(why), _) => {
                 let _ = writeln!(
                     s,
                     ">\n    <failure message=\"{}\">{}\nreplay: {replay} --only {}</failure>\n  </testcase>",
@@ -554,12 +681,36 @@ fn receiver_version(receiver: &str) -> Option<String> {
         .map(str::to_owned)
 }
 
+/// Makes the cases' databases go on the server `url` names: the kit's server library reads it
+/// from `TESTDB_MYSQL_URL` as the process starts, so the kit starts itself again with it set
+/// (once: the second start finds it set), never printing the URL.
+fn on_database(url: &secret::Secret) {
+    use std::os::unix::process::CommandExt;
+    #[allow(clippy::disallowed_methods)] // the variable this very function sets
+    if std::env::var("TESTDB_MYSQL_URL").as_deref() == Ok(url.expose()) {
+        return;
+    }
+    let err = std::process::Command::new(
+        std::env::current_exe().unwrap_or_else(|_| "conformance".into()),
+    )
+    .args(std::env::args_os().skip(1))
+    .env("TESTDB_MYSQL_URL", url.expose())
+    .env("TESTDB_BACKEND", "url")
+    .exec();
+    eprintln!("conformance: cannot start again with the database --database names: {err}");
+    std::process::exit(2);
+}
+
 fn shell_quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', "'\\''"))
 }
 
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut args: Vec<String> = std::env::args().skip(1).collect();
+    #[allow(clippy::disallowed_methods)] // the kit's own configuration: no arguments, a receiver
+    if args.is_empty() && std::env::var_os(variable_of("--receiver")).is_some() {
+        args.push("run".into());
+    }
     let o = match parse(&args) {
         Ok(Asked::Run(o)) => o,
         Ok(Asked::Mutants(o)) => return mutants(&o),
@@ -569,6 +720,9 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if let Some(url) = &o.database {
+        on_database(url);
+    }
     for file in o.junit.iter().chain(&o.json).chain(&o.certificate) {
         if let Err(e) = report::prepare(file) {
             eprintln!("conformance: {e}");
@@ -592,8 +746,8 @@ fn main() -> ExitCode {
                 .is_none_or(|only| only.iter().any(|n| n == c.name))
         })
         .collect();
-    let server = match testdb::Server::shared() {
-        Ok(s) => s.description().to_owned(),
+    let (server, admin_url) = match testdb::Server::shared() {
+        Ok(s) => (s.description().to_owned(), s.admin_url()),
         Err(e) => {
             eprintln!("conformance: no database server for the cases: {e}");
             return ExitCode::FAILURE;
@@ -677,11 +831,13 @@ fn main() -> ExitCode {
         .collect();
     let count = |o: report::Outcome| ran.iter().filter(|r| r.result().outcome() == o).count();
     println!(
-        "{:<24} {} passed, {} failed, {} expected failures, {} unexpected passes; {:.1} s (wall clock)",
+        "{:<24} {} passed, {} failed, {} not run, {} expected failures, {} declared not run, {} unexpected passes; {:.1} s (wall clock)",
         "total",
         count(report::Outcome::Passed),
         count(report::Outcome::Failed),
+        count(report::Outcome::NotRun),
         count(report::Outcome::ExpectedFailure),
+        count(report::Outcome::DeclaredNotRun),
         count(report::Outcome::UnexpectedPass),
         seconds
     );
@@ -701,6 +857,15 @@ fn main() -> ExitCode {
                 };
                 println!("FAILED {} [{}]{counts}: {why}", r.name, r.level.as_str());
             }
+            (Err(why), report::Outcome::NotRun) => println!(
+                "NOT RUN {}: {why}; a case not run is never a pass: make it runnable here, or declare it in --expect with the reason it cannot run",
+                r.name
+            ),
+            (Err(why), report::Outcome::DeclaredNotRun) => println!(
+                "not run {} (declared: {}): {why}",
+                r.name,
+                r.expected.as_deref().unwrap_or_default()
+            ),
             (_, report::Outcome::UnexpectedPass) => println!(
                 "UNEXPECTED PASS {}: the expectations file says it fails ({}); take it out",
                 r.name,
@@ -734,14 +899,35 @@ fn main() -> ExitCode {
     if let Some(file) = &o.certificate {
         let results: Vec<CaseResult<'_>> = ran.iter().map(Ran::result).collect();
         let version = receiver_version(&o.receiver);
+        let kit_sha256 = own_sha256();
+        let mutant_matrix = match conformance_kit::provenance::matrix_path()
+            .ok_or_else(|| "the kit's own path is unknown".to_owned())
+            .and_then(|p| conformance_kit::provenance::matrix_for(&p, &kit_sha256))
+        {
+            Ok(m) => Some(m),
+            Err(why) => {
+                println!("certificate: without a mutant matrix: {why} (`conformance mutants --matrix` makes one)");
+                None
+            }
+        };
+        let environment = tokio::runtime::Runtime::new()
+            .expect("a tokio runtime")
+            .block_on(conformance_kit::provenance::environment(
+                admin_url.expose(),
+                o.jobs,
+            ));
         let facts = report::Facts {
             receiver: &o.receiver,
             receiver_version: version.as_deref(),
-            kit_sha256: &own_sha256(),
+            kit_sha256: &kit_sha256,
             // The description starts with the server's `VERSION()`, then how it runs.
             database_server: server.split(" (").next().unwrap_or(&server),
             seed: o.seed,
             started_at: &started_at,
+            environment,
+            mutant_matrix,
+            declared: &o.expect,
+            cases_total: cases().len(),
         };
         let c = report::certificate(&facts, seconds, &results);
         let text = serde_json::to_string_pretty(&c).unwrap_or_default();
@@ -767,9 +953,16 @@ fn mutants(o: &MutantOptions) -> ExitCode {
         eprintln!("conformance: {bin} is missing: `make mutant-build` builds it");
         return ExitCode::from(2);
     }
+    if let Some(file) = &o.matrix {
+        if let Err(e) = report::prepare(file) {
+            eprintln!("conformance: {e}");
+            return ExitCode::from(2);
+        }
+    }
     conformance_kit::quiet_panics();
     let all = cases();
     let started = Instant::now();
+    let started_at = utc_now();
     let selected: Vec<_> = conformance_kit::MUTANTS
         .iter()
         .filter(|(m, _, _)| {
@@ -838,6 +1031,36 @@ fn mutants(o: &MutantOptions) -> ExitCode {
         o.seed,
         o.seed.wrapping_add(o.runs - 1)
     );
+    if let Some(file) = &o.matrix {
+        let rows: Vec<conformance_kit::provenance::MatrixRow> = rows
+            .iter()
+            .map(
+                |(mutant, case, rule, caught, _)| conformance_kit::provenance::MatrixRow {
+                    mutant: mutant.to_string(),
+                    case: (*case).to_owned(),
+                    rule: (*rule).to_owned(),
+                    caught: *caught,
+                    runs: o.runs,
+                },
+            )
+            .collect();
+        let mutant_sha = std::fs::read(bin)
+            .map(|b| result_inbox::Digest::of(&b).to_hex())
+            .unwrap_or_default();
+        let m = conformance_kit::provenance::matrix(
+            &own_sha256(),
+            &mutant_sha,
+            o.seed,
+            &started_at,
+            &rows,
+        );
+        let text = serde_json::to_string_pretty(&m).unwrap_or_default();
+        if let Err(e) = std::fs::write(file, text + "\n") {
+            eprintln!("conformance: cannot write {}: {e}", file.display());
+            return ExitCode::from(2);
+        }
+        println!("matrix: {}", file.display());
+    }
     if missed == 0 {
         ExitCode::SUCCESS
     } else {
@@ -861,6 +1084,7 @@ mod tests {
             strict: false,
             keep_logs: DEFAULT_KEEP_LOGS.into(),
             jobs: 1,
+            database: None,
         }
     }
 
@@ -923,7 +1147,9 @@ mod tests {
             Err(e) => e,
             Ok(_) => panic!("{a:?} was accepted"),
         };
-        assert!(err(&["run"]).starts_with("run: --receiver is required: the command line"));
+        assert!(err(&["run"]).starts_with(
+            "run: --receiver (or CONFORMANCE_RECEIVER) is required: the command line"
+        ));
         assert!(err(&["run", "--receiver", ""]).starts_with("--receiver needs a command line"));
         assert!(err(&["run", "--receiver", "x", "--only", "nope"])
             .starts_with("--only: no case \"nope\"; cases: schema,"));
@@ -1005,6 +1231,16 @@ mod tests {
             }
         }
         assert!(matches!(parse(&args(&["--help"])), Ok(Asked::Nothing)));
+    }
+
+    #[test]
+    fn every_flag_of_run_has_its_variable_in_the_help() {
+        for flag in RUN_FLAGS {
+            let name = variable_of(flag);
+            assert!(RUN_HELP.contains(&name), "{flag}: {name}");
+            assert!(RUN_HELP.contains(flag), "{flag}");
+        }
+        assert_eq!(variable_of("--keep-logs"), "CONFORMANCE_KEEP_LOGS");
     }
 
     #[test]

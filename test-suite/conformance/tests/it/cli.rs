@@ -729,6 +729,17 @@ fn a_certificate_states_who_judged_what_and_matches_its_schema() {
     let certificate = dir.join("out/cert.json");
     let kit = fixtures::workspace_bin("conformance");
     let cert = certificate.display().to_string();
+    // The kit build's mutant matrix, beside its binary, as `make kit` and the tarball keep it.
+    let matrix = kit.with_file_name("mutant-matrix.json");
+    let made = bare_command(&kit)
+        .env("PATH", "/usr/bin:/bin")
+        .args(["mutants", "--receiver-mutant"])
+        .arg(fixtures::workspace_bin("receiver-mutant"))
+        .args(["--only", "prints-token", "--seed", "3", "--matrix"])
+        .arg(&matrix)
+        .output()
+        .unwrap();
+    assert_eq!(made.status.code(), Some(0), "{}", text(&made.stdout));
     let out = kit_run(
         &receiver_bin().display().to_string(),
         &[
@@ -788,6 +799,29 @@ fn a_certificate_states_who_judged_what_and_matches_its_schema() {
         c["database"]
     );
     assert_eq!(c["seed"], 7);
+    assert_eq!(c["certificate_version"], 2);
+    assert_eq!(c["mutant_matrix"]["kit_sha256"], sha.as_str());
+    assert_eq!(c["mutant_matrix"]["mutants"][0]["mutant"], "prints-token");
+    assert_eq!(c["mutant_matrix"]["mutants"][0]["case"], "no-secrets");
+    assert_eq!(c["mutant_matrix"]["mutants"][0]["caught"], 1);
+    assert!(c["environment"]["cpus"].as_u64().unwrap() >= 1);
+    assert_eq!(c["environment"]["jobs"], 1);
+    assert!(c["environment"]["kernel"].as_str().unwrap().len() > 1);
+    assert!(
+        c["environment"]["database_settings"]["version"]
+            .as_str()
+            .unwrap()
+            .contains("MariaDB"),
+        "{}",
+        c["environment"]
+    );
+    assert_eq!(
+        c["environment"]["database_settings"]["innodb_rollback_on_timeout"],
+        "OFF"
+    );
+    assert_eq!(c["complete"], false, "a run with --only is not complete");
+    assert_eq!(c["cases_total"], conformance_kit::cases().len());
+    assert_eq!(c["not_run"], serde_json::json!([]));
     let cases: Vec<&str> = c["cases"]
         .as_array()
         .unwrap()

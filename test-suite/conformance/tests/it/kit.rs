@@ -121,3 +121,103 @@ fn each_finding_is_charged_to_its_own_case_at_eight_jobs_as_at_one() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// The kit given a server of the team's own (`--database`, as a CI's service database): the
+/// cases run there and pass, a case that stops its server still starts one of its own, and the
+/// kit creates nothing on the given server but the databases and users its help names
+/// (`orbit_test_*`, `orbit_receiver_test_*`, `rit_*`), read back from the server's own log of
+/// every statement, and leaves none of them behind.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_kit_on_a_given_database_creates_only_what_it_documents() {
+    use sqlx::Connection;
+    let server = testdb::Server::local().unwrap();
+    let admin = server.admin_url();
+    let mut c = sqlx::MySqlConnection::connect(admin.expose())
+        .await
+        .unwrap();
+    let before = names(&mut c).await;
+    for set in [
+        "SET GLOBAL log_output = 'TABLE'",
+        "TRUNCATE mysql.general_log",
+        "SET GLOBAL general_log = ON",
+    ] {
+        sqlx::query(set).execute(&mut c).await.unwrap();
+    }
+    let dir = testdb::scratch_dir().unwrap().join("kit-given-database");
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = fixtures::bare_command(&fixtures::workspace_bin("conformance"))
+        .env("PATH", "/usr/bin:/bin:/usr/sbin")
+        .env("CONFORMANCE_DATABASE", admin.expose())
+        .args(["run", "--receiver"])
+        .arg(receiver_bin())
+        .args([
+            "--only",
+            "schema,duplicate,utc",
+            "--jobs",
+            "3",
+            "--keep-logs",
+        ])
+        .arg(dir.join("logs"))
+        .output()
+        .unwrap();
+    sqlx::query("SET GLOBAL general_log = OFF")
+        .execute(&mut c)
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("(existing server at "), "{stdout}");
+    assert!(!stdout.contains(admin.expose()), "the URL is never printed");
+    let created: Vec<(String,)> = sqlx::query_as(
+        "SELECT CAST(argument AS CHAR) FROM mysql.general_log \
+         WHERE command_type = 'Query' AND (argument LIKE 'CREATE DATABASE%' OR argument LIKE 'CREATE USER%')",
+    )
+    .fetch_all(&mut c)
+    .await
+    .unwrap();
+    assert!(!created.is_empty(), "the cases made their databases here");
+    for (statement,) in &created {
+        let named = statement
+            .split(['`', '\'', ' '])
+            .filter(|w| !w.is_empty())
+            .nth(2)
+            .unwrap_or_default()
+            .to_owned();
+        let named = if named == "IF" {
+            statement
+                .split(['`', '\'', ' '])
+                .filter(|w| !w.is_empty())
+                .nth(5)
+                .unwrap_or_default()
+                .to_owned()
+        } else {
+            named
+        };
+        assert!(
+            ["orbit_test_", "orbit_receiver_test_", "rit_"]
+                .iter()
+                .any(|p| named.starts_with(p)),
+            "the kit created {named:?} ({statement})"
+        );
+    }
+    assert_eq!(names(&mut c).await, before, "nothing is left behind");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The databases and users a server holds.
+async fn names(c: &mut sqlx::MySqlConnection) -> Vec<String> {
+    let mut out: Vec<(String,)> = sqlx::query_as(
+        "SELECT CAST(schema_name AS CHAR) FROM information_schema.schemata \
+         UNION ALL SELECT CAST(CONCAT(user, '@', host) AS CHAR) FROM mysql.user",
+    )
+    .fetch_all(&mut *c)
+    .await
+    .unwrap();
+    out.sort();
+    out.into_iter().map(|(n,)| n).collect()
+}

@@ -507,7 +507,7 @@ async fn every_failure_to_reach_a_server_is_one_line_naming_where_why_and_what_t
             env: vec![],
             stdin: None,
             exit: 2,
-            says: vec!["conformance: run: --receiver is required".into()],
+            says: vec!["conformance: run: --receiver (or CONFORMANCE_RECEIVER) is required".into()],
         },
     ];
 
