@@ -85,7 +85,7 @@ integration: deps build fault-build mutant-build release ## Every real-server su
 # Under scripts/containers run: Debian's docker.io installed if missing, an isolated engine of
 # our own, the local MariaDB image (cached in target/containers), and after the run a proof
 # that no process, mount or bridge of the engine is left.
-integration-containers: deps build fault-build mutant-build release kit-dist dist ## The suites and the kit again on the container backend (an engine of our own, a local MariaDB image), then the kit's tarball on a clean Debian container and the kit's image, each against our release receiver, then docs/operations.md's walkthrough from the release package on a clean Debian container
+integration-containers: deps build fault-build mutant-build release kit-dist dist ## The suites and the kit again on the container backend (an engine of our own, a local MariaDB image), then the kit's tarball on a clean Debian container, the kit's image and the kit's CI recipe against a service database container, each against our release receiver, then docs/operations.md's walkthrough from the release package on a clean Debian container
 	scripts/containers run -- $(MAKE) --no-print-directory containers-inside
 
 # Inside scripts/containers run (DOCKER_HOST, TESTDB_BACKEND=container): the suites, then the
@@ -95,7 +95,7 @@ containers-inside:
 	$(CARGO) run -q -p conformance --features container --bin integration -- --containers $(INTEGRATION_ARGS)
 	$(CARGO) run -q -p conformance-kit --features container --bin conformance -- run --receiver target/debug/receiver --jobs $(KIT_JOBS) --junit target/kit/report-containers.xml
 	$(CARGO) test -q -p conformance --features container --test it -- --ignored --exact deploy::the_receiver_image_runs_the_demo_end_to_end --nocapture
-	$(CARGO) test -q -p conformance --features container --test it -- --ignored --exact deploy::the_kit_tarball_passes_on_a_clean_debian_with_only_mariadb deploy::the_kit_image_passes_against_a_mounted_receiver release::the_walkthrough_runs_from_the_release_package_on_a_clean_debian --nocapture --test-threads 1
+	$(CARGO) test -q -p conformance --features container --test it -- --ignored --exact deploy::the_kit_tarball_passes_on_a_clean_debian_with_only_mariadb deploy::the_kit_image_passes_against_a_mounted_receiver deploy::the_ci_recipes_run_against_a_service_database release::the_walkthrough_runs_from_the_release_package_on_a_clean_debian --nocapture --test-threads 1
 
 # SEED replays a schedule (each run prints its own); MINUTES runs random faults for that long
 # instead of each kind once. The same checks and summary table as in make integration.

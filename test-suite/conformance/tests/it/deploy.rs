@@ -610,3 +610,212 @@ fn the_kit_image_passes_against_a_mounted_receiver() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A container our test started, removed when the test ends, also on failure.
+struct Container {
+    engine: String,
+    name: String,
+}
+
+impl Drop for Container {
+    fn drop(&mut self) {
+        let _ = Command::new("docker")
+            .args(["-H", &self.engine, "rm", "-f", &self.name])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
+/// The CI recipes of docs/conformance-kit.md ("In your CI"), as a team pastes them: the GitHub
+/// Actions job's shell steps, with its variables, run on a clean Debian 12 container (only
+/// `mariadb-server` installed, no network) that shares its network with a MariaDB service
+/// container on 127.0.0.1:33306, as GitHub maps a service's port; the kit's tarball where the
+/// job reads it and our release receiver where the job builds its own. The run passes every
+/// case on the service database, and leaves a JUnit report and a certificate (valid against
+/// its schema, complete, with the tarball's own mutant matrix) where the job uploads them. The
+/// GitLab job must run the same steps, so running one runs both.
+#[test]
+#[ignore = "needs our container engine and the kit's tarball: make integration-containers runs it"]
+fn the_ci_recipes_run_against_a_service_database() {
+    #[allow(clippy::disallowed_methods)] // set by scripts/containers run
+    let image = std::env::var("MARIADB_IMAGE").expect("MARIADB_IMAGE names the image");
+    #[allow(clippy::disallowed_methods)] // set by scripts/containers run
+    let engine = std::env::var("DOCKER_HOST").expect("DOCKER_HOST names the engine");
+    let page = std::fs::read_to_string(repo().join("docs/conformance-kit.md")).unwrap();
+    let yaml = |mark: &str| {
+        fixtures::docs::marked_blocks(&page, mark)
+            .into_iter()
+            .next()
+            .unwrap_or_else(|| panic!("no block marked {mark}"))
+    };
+    let github = fixtures::docs::ci_job(&yaml("ci-github"));
+    let gitlab = fixtures::docs::ci_job(&yaml("ci-gitlab"));
+    // The same steps, but for how each installs the server programs.
+    let installs = |s: &&String| s.contains("apt-get install");
+    let rest = |job: &fixtures::docs::CiJob| -> Vec<String> {
+        job.steps.iter().filter(|s| !installs(s)).cloned().collect()
+    };
+    assert_eq!(rest(&github), rest(&gitlab), "the two jobs' steps differ");
+    assert!(github.steps.iter().any(|s| installs(&s)), "{github:?}");
+    let keys = |job: &fixtures::docs::CiJob| -> Vec<String> {
+        job.env
+            .iter()
+            .map(|(k, _)| k.clone())
+            .filter(|k| k.starts_with("CONFORMANCE_") || k == "KIT")
+            .collect()
+    };
+    assert_eq!(
+        keys(&github),
+        keys(&gitlab),
+        "the two jobs' variables differ"
+    );
+
+    let tarball = fixtures::bins::dist_tarball("result-inbox-kit-");
+    let file = tarball.file_name().unwrap().to_string_lossy().into_owned();
+    let kit = file.trim_end_matches(".tar.gz").to_owned();
+    let receiver = repo().join("target/release/receiver");
+    assert!(receiver.is_file(), "make release first");
+    let dir = std::env::temp_dir().join(format!("kit-ci-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("kit-reports")).unwrap();
+
+    // The service, as the job's `services:` starts it: its own datadir, its root account
+    // reachable over TCP with the password the job names, on the port the job maps.
+    let password = github
+        .env
+        .iter()
+        .find_map(|(k, v)| (k == "CONFORMANCE_DATABASE").then(|| v.clone()))
+        .and_then(|url| {
+            url.strip_prefix("mysql://root:")
+                .and_then(|r| r.split_once('@'))
+                .map(|(p, _)| p.to_owned())
+        })
+        .expect("the job's database URL names root's password");
+    let service = Container {
+        engine: engine.clone(),
+        name: format!("kit-ci-service-{}", std::process::id()),
+    };
+    let started = Command::new("docker")
+        .args([
+            "-H",
+            &engine,
+            "run",
+            "-d",
+            "--network",
+            "none",
+            "--name",
+            &service.name,
+        ])
+        .args(["--entrypoint", "bash", &image, "-c"])
+        .arg(
+            "mariadb-install-db --user=root --datadir=/tmp/svc >/tmp/install.log 2>&1 && \
+             exec mariadbd --user=root --datadir=/tmp/svc --socket=/tmp/svc.sock \
+             --bind-address=127.0.0.1 --port=33306",
+        )
+        .output()
+        .unwrap();
+    assert!(started.status.success(), "{started:?}");
+    let grant = format!(
+        "CREATE USER 'root'@'%' IDENTIFIED BY '{password}'; \
+         GRANT ALL PRIVILEGES ON *.* TO 'root'@'%' WITH GRANT OPTION;"
+    );
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let ok = Command::new("docker")
+            .args(["-H", &engine, "exec", &service.name])
+            .args(["mariadb", "-S", "/tmp/svc.sock", "-e", &grant])
+            .output()
+            .unwrap();
+        if ok.status.success() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the service never answered: {ok:?}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+
+    // The job: its variables (the workspace and the tarball's name filled in), then its steps.
+    let mut cmd = Command::new("docker");
+    cmd.args(["-H", &engine, "run", "--rm"])
+        .arg("--network")
+        .arg(format!("container:{}", service.name))
+        .arg("-v")
+        .arg(format!("{}:/work/ci/{file}:ro", tarball.display()))
+        .arg("-v")
+        .arg(format!(
+            "{}:/work/build/your-receiver:ro",
+            receiver.display()
+        ))
+        .arg("-v")
+        .arg(format!(
+            "{}:/work/kit-reports",
+            dir.join("kit-reports").display()
+        ))
+        .args(["-w", "/work"]);
+    for (k, v) in &github.env {
+        let v = match k.as_str() {
+            "KIT" => kit.clone(),
+            _ => v.replace("${{ github.workspace }}", "/work"),
+        };
+        cmd.args(["-e", &format!("{k}={v}")]);
+    }
+    let script = format!("set -euo pipefail\n{}\n", github.steps.join("\n"));
+    let t = Instant::now();
+    let out = cmd
+        .args(["--entrypoint", "bash", &image, "-c", &script])
+        .stdin(Stdio::null())
+        .output()
+        .expect("docker runs");
+    let stdout = kit_passed(&out, t);
+    assert!(
+        stdout.contains("(existing server at 127.0.0.1:33306)"),
+        "the cases ran on the service: {stdout}"
+    );
+    assert!(
+        !stdout.contains(&password),
+        "the URL's password was printed"
+    );
+
+    let junit = std::fs::read_to_string(dir.join("kit-reports/junit.xml")).unwrap();
+    let cases = conformance_kit::cases().len();
+    assert!(
+        junit.contains(&format!("tests=\"{cases}\" failures=\"0\" errors=\"0\"")),
+        "{junit}"
+    );
+    let certificate = dir.join("kit-reports/certificate.json");
+    let valid = Command::new("python3")
+        .args([
+            "-c",
+            "import json, sys, jsonschema; jsonschema.Draft202012Validator(json.load(open(sys.argv[1]))).validate(json.load(open(sys.argv[2]))); print('valid')",
+        ])
+        .arg(repo().join("docs/certificate.schema.json"))
+        .arg(&certificate)
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&valid.stdout),
+        "valid\n",
+        "{}",
+        String::from_utf8_lossy(&valid.stderr)
+    );
+    let c: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&certificate).unwrap()).unwrap();
+    assert_eq!(c["verdict"]["plain"], "pass");
+    assert_eq!(c["complete"], true);
+    assert_eq!(c["environment"]["jobs"], 2);
+    assert_eq!(c["mutant_matrix"]["kit_sha256"], c["kit"]["sha256"]);
+    let mutants = c["mutant_matrix"]["mutants"].as_array().unwrap();
+    assert_eq!(mutants.len(), conformance_kit::MUTANTS.len());
+    assert!(
+        mutants.iter().all(|m| m["caught"] == m["runs"]),
+        "{mutants:?}"
+    );
+    println!(
+        "the CI recipe ran every case against a service database in {:.0} s",
+        t.elapsed().as_secs_f64()
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
