@@ -199,6 +199,10 @@ const PARTLY_LOCAL: &[(&str, &str)] = &[
         "each test stops (SIGSTOP), kills or restarts the receiver's server",
     ),
     (
+        "kit",
+        "its run of the kit's cases includes utc, which starts a server of its own as the kit's cases that reconfigure their server do, and its given-database test starts one to stand for a team's service database",
+    ),
+    (
         "prune",
         "its database-loss test kills a prune's server mid-run and restarts it",
     ),
