@@ -104,6 +104,9 @@ pub(crate) struct Findings {
     /// How many worlds the case has started: each world's platform varies its events by the
     /// seed, the case and this count, so a case's worlds are the same at any `--jobs`.
     worlds: std::sync::atomic::AtomicU64,
+    /// Set by a case whose subject is the platform's refusals (it judges them under its own
+    /// rule), so that they are not named again as R-SDK-2.
+    refusals_judged: std::sync::atomic::AtomicBool,
 }
 
 impl Findings {
@@ -118,6 +121,12 @@ impl Findings {
 
     pub(crate) fn exit(&self, what: String) {
         push(&self.exits, what);
+    }
+
+    /// This case judges the platform's refusals itself.
+    pub(crate) fn judge_refusals_here(&self) {
+        self.refusals_judged
+            .store(true, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// The number of the next world of this case, from 0.
@@ -292,6 +301,7 @@ registry! {
     StreamDropped => ("stream-dropped", Must, "R-SDK-2 R-E2E-3", "the stream closed by the platform while deliveries are leased ahead and applies are in flight (every COMMIT answered 600 ms late): each ACKed at its first attempt on a later stream; then 3 s idle and 8 more events: all ACKed, several leased at once (credit whole on the new stream)", stream_dropped),
     CreditBound => ("credit-bound", Must, "R-E2E-3 R-SDK-2", "a backlog of 40 events, every COMMIT answered 300 ms late: never more than 8 deliveries held at once on the stream (the default concurrency 4, and at most as many waiting), counted by the platform", credit_bound),
     DatabaseRestart => ("database-restart", Should, "R-STORE-9", "the receiver's database killed for 12 s while events queue, a budget of 3: nothing lost, nothing doubled, no delivery past the 2 attempts a hold allows", database_restart),
+    DeadlineFromArrival => ("deadline-from-arrival", Should, "R-STORE-9", "a saturated receiver with short leases: 8 events, 4 s leases, every COMMIT answered 2.2 s late, so half wait for a handler slot: all ACKed in the end and no ACK refused for coming after its lease (an apply's deadline counts from its delivery's arrival)", deadline_from_arrival),
     SkewedClock => ("skewed-clock", Should, "R-STORE-9", "the platform's clock 60 s ahead of the receiver's, then 60 s behind (orbit-dev --clock-offset-seconds), 3 s leases: every delivery ACKed at its first attempt", skewed_clock),
     ReadOnly => ("read-only", Should, "R-DIST-4", "the receiver's database made read-only for 12 s (its writes refused with 1290) while events queue, a budget of 3: nothing lost, nothing doubled, no delivery past the 2 attempts a hold allows", read_only),
     Sigterm => ("sigterm", Must, "R-CLI-3", "SIGTERM ends consume within 10 s and leaves the subscription enabled", sigterm),
@@ -438,6 +448,11 @@ pub const MUTANTS: &[(Mutant, CaseId, &str)] = &[
         CaseId::StreamDropped,
         "R-E2E-3",
     ),
+    (
+        Mutant::DeadlineFromSlot,
+        CaseId::DeadlineFromArrival,
+        "R-STORE-9",
+    ),
 ];
 
 impl std::fmt::Debug for Case {
@@ -509,7 +524,14 @@ fn judged(found: &Findings, verdict: Verdict) -> Verdict {
         (Some(leak), Ok(_)) => Err(leak),
         (Some(leak), Err(why)) => Err(format!("{leak}; then: {why}")),
     };
-    let refused = found.refused_acks.load(std::sync::atomic::Ordering::SeqCst);
+    let judged_by_case = found
+        .refusals_judged
+        .load(std::sync::atomic::Ordering::SeqCst);
+    let refused = if judged_by_case {
+        0
+    } else {
+        found.refused_acks.load(std::sync::atomic::Ordering::SeqCst)
+    };
     match verdict {
         Err(why) if refused > 0 => Err(format!(
             "R-SDK-2: the platform refused {refused} ACK(s) in this case (an ACK with the proof of a superseded or expired lease, or for no delivery): look there first; then: {why}"

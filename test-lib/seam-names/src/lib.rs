@@ -239,11 +239,15 @@ pub enum Mutant {
     /// stream is taken as still granted, so a new stream gets none and the receiver stalls for
     /// good after a reconnect (R-E2E-3).
     CreditPerSubscription,
+    /// An apply's deadline counts from when a handler slot took its delivery, not from when the
+    /// delivery arrived: a delivery that waited gets a whole budget and its apply runs past the
+    /// lease, one delivery a transaction (R-STORE-9).
+    DeadlineFromSlot,
 }
 
 impl Mutant {
     /// Every mutant, in the order the kit reports them.
-    pub const ALL: [Mutant; 52] = [
+    pub const ALL: [Mutant; 53] = [
         Mutant::AckBeforeCommit,
         Mutant::InsertIgnore,
         Mutant::NoDigestCompare,
@@ -296,6 +300,7 @@ impl Mutant {
         Mutant::SessionOnFirstConnection,
         Mutant::CancelsOnStreamDrop,
         Mutant::CreditPerSubscription,
+        Mutant::DeadlineFromSlot,
     ];
 
     /// The name `RECEIVER_MUTANT` takes.
@@ -353,6 +358,7 @@ impl Mutant {
             Mutant::SessionOnFirstConnection => "session-on-first-connection",
             Mutant::CancelsOnStreamDrop => "cancels-on-stream-drop",
             Mutant::CreditPerSubscription => "credit-per-subscription",
+            Mutant::DeadlineFromSlot => "deadline-from-slot",
         }
     }
 

@@ -131,8 +131,9 @@ pub async fn consume(
                 .connect_lazy_with(options),
         );
     }
-    if is(Mutant::SessionOnFirstConnection) {
-        // One delivery a transaction, so that every apply runs the statements above.
+    if is(Mutant::SessionOnFirstConnection) || is(Mutant::DeadlineFromSlot) {
+        // One delivery a transaction: the statements above run for every apply, and each
+        // apply has a deadline of its own.
         config.group_max = 1;
     }
     if is(Mutant::NoQueueCheck) {
@@ -163,6 +164,8 @@ pub async fn consume(
     let seams = receiver::consume::Seams {
         deadline: if is(Mutant::DeadlineFromExpiresAt) {
             deadline_from_expiry
+        } else if is(Mutant::DeadlineFromSlot) {
+            |_, window| Instant::now() + window
         } else {
             receiver::consume::Seams::PROGRAM.deadline
         },

@@ -470,6 +470,62 @@ pub(crate) async fn stream_dropped(ctx: Ctx) -> Verdict {
     ))
 }
 
+/// `deadline-from-arrival`'s lease: its apply window is the lease less 1 s.
+const SATURATED_LEASE: u64 = 4;
+/// How long `deadline-from-arrival` holds every COMMIT's answer: longer than half the window,
+/// so that a delivery that waited for a handler slot behind one such apply has too little of
+/// its lease left for another, and shorter than the window, so that a fresh one fits.
+const SATURATED_COMMIT_MS: u64 = 2_200;
+/// Events of `deadline-from-arrival`: twice the deliveries a receiver of the default
+/// concurrency (4) holds applying.
+const SATURATED_EVENTS: usize = 8;
+
+/// A saturated receiver with short leases: every COMMIT answered 2.2 s late, 4 s leases, and
+/// twice as many events as the default concurrency applies at once, so that half of them wait
+/// for a handler slot. An apply's deadline counts from when its delivery arrived, not from
+/// when a slot freed: one that starts late with a whole budget runs past its lease, and its
+/// ACK comes after the lease ended (the platform refuses it, and the delivery is tried again
+/// though it committed). Every delivery must be ACKed in the end, and no ACK refused.
+pub(crate) async fn deadline_from_arrival(ctx: Ctx) -> Verdict {
+    ctx.findings().judge_refusals_here();
+    let mut w = World::start(&ctx, SATURATED_LEASE).await;
+    let proxy = w.behind_proxy().await;
+    proxy
+        .arm(RuleSpec::new(Action::Delay {
+            delay_ms: SATURATED_COMMIT_MS,
+        }))
+        .expect("the rule arms");
+    let _p = w.running().await?;
+    let ids: Vec<DeliveryId> = (0..SATURATED_EVENTS)
+        .flat_map(|i| {
+            let id = format!("saturated-{i}-{:x}", ctx.seed);
+            let task = format!("saturated-task-{i}-{:x}", ctx.seed);
+            w.send(&w.event(&id, &task, 1, "task.started")).1
+        })
+        .collect();
+    w.acked(
+        &ids,
+        Duration::from_secs(40),
+        "R-STORE-9 (every delivery of a saturated receiver is ACKed in the end)",
+    )
+    .await?;
+    let refused = w
+        .orbit
+        .metric("orbit_acks_total{result=\"refused\"}")
+        .unwrap_or(0);
+    let mut attempts = 0;
+    for id in &ids {
+        attempts = attempts.max(w.delivery(id).await.attempts);
+    }
+    ensure!(
+        refused == 0,
+        "R-STORE-9: with {SATURATED_EVENTS} events, 4 s leases and every COMMIT answered {SATURATED_COMMIT_MS} ms late, the platform refused {refused} ACK(s) that came after their lease had ended: an apply ran past its delivery's lease. Count an apply's deadline from when its delivery arrived, not from when a handler slot freed; a delivery that waited has only what is left of its lease (docs/receiver-contract.md, \"Deadlines\")"
+    );
+    Ok(format!(
+        "{SATURATED_EVENTS} deliveries ACKed (at most {attempts} attempt(s) each), no ACK after its lease"
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
