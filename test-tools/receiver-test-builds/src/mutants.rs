@@ -131,9 +131,10 @@ pub async fn consume(
                 .connect_lazy_with(options),
         );
     }
-    if is(Mutant::SessionOnFirstConnection) || is(Mutant::DeadlineFromSlot) {
-        // One delivery a transaction: the statements above run for every apply, and each
-        // apply has a deadline of its own.
+    let one_event_apply = active().is_some_and(crate::store_mutants::changes_the_one_event_apply);
+    if one_event_apply || is(Mutant::DeadlineFromSlot) {
+        // One delivery a transaction: the mutant's statements run for every apply (a group
+        // builds its own), and each apply has a deadline of its own.
         config.group_max = 1;
     }
     if is(Mutant::NoQueueCheck) {

@@ -179,6 +179,19 @@ pub fn statements(m: Mutant) -> StatementTable {
     }
 }
 
+/// Whether mutant `m` changes a statement of the one-event apply (the inbox row, the view, the
+/// verdict read) or the session's time zone. A group's transaction builds its statements
+/// apart, so such a mutant is run one delivery a transaction: otherwise its broken statement
+/// runs only when a delivery happens to be applied alone, and whether the kit catches it
+/// depends on timing.
+pub fn changes_the_one_event_apply(m: Mutant) -> bool {
+    let (s, standard) = (statements(m), StatementTable::standard());
+    s.insert_inbox != standard.insert_inbox
+        || s.upsert_view != standard.upsert_view
+        || s.read_verdict != standard.read_verdict
+        || s.time_zone != standard.time_zone
+}
+
 /// Installs mutant `m`'s statements for every store of this process.
 pub fn install(m: Mutant) {
     if let Err(e) = seam::install_statements(statements(m)) {
