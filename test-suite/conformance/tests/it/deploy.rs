@@ -711,13 +711,19 @@ fn the_ci_recipes_run_against_a_service_database() {
         .arg(
             "mariadb-install-db --user=root --datadir=/tmp/svc >/tmp/install.log 2>&1 && \
              exec mariadbd --user=root --datadir=/tmp/svc --socket=/tmp/svc.sock \
-             --bind-address=127.0.0.1 --port=33306",
+             --pid-file=/tmp/svc.pid --bind-address=127.0.0.1 --port=33306",
         )
         .output()
         .unwrap();
     assert!(started.status.success(), "{started:?}");
+    // As the MariaDB image's MARIADB_ROOT_PASSWORD does: no anonymous account (which, for a
+    // connection from localhost, would match before the kit's accounts at '%'), root by
+    // password from anywhere, and from localhost (which a TCP connection to 127.0.0.1 is
+    // matched as) by password or socket.
     let grant = format!(
-        "CREATE USER 'root'@'%' IDENTIFIED BY '{password}'; \
+        "DELETE FROM mysql.global_priv WHERE User = ''; FLUSH PRIVILEGES; \
+         ALTER USER 'root'@'localhost' IDENTIFIED VIA mysql_native_password USING PASSWORD('{password}') OR unix_socket; \
+         CREATE USER 'root'@'%' IDENTIFIED BY '{password}'; \
          GRANT ALL PRIVILEGES ON *.* TO 'root'@'%' WITH GRANT OPTION;"
     );
     let deadline = Instant::now() + Duration::from_secs(60);
