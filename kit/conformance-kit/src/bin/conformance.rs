@@ -787,6 +787,10 @@ fn main() -> ExitCode {
                 "conformance: {}: passed in {seconds:.1} s (seed {}): {saw}",
                 case.name, o.seed
             ),
+            Err(why) if why.starts_with(report::NOT_RUN) => println!(
+                "conformance: {}: NOT RUN ({seconds:.1} s): {why}",
+                case.name
+            ),
             Err(why) => println!(
                 "conformance: {}: FAILED in {seconds:.1} s: {why}\nconformance: replay: {replay} --only {}",
                 case.name, case.name
