@@ -238,6 +238,39 @@ impl World {
         proxy
     }
 
+    /// [`World::behind_proxy`], with every COMMIT's answer held `delay_ms` by the proxy (the
+    /// statement runs at once; its answer waits), so that applies last that long at least.
+    pub(crate) async fn behind_proxy_answering_commits_late(
+        &mut self,
+        delay_ms: u64,
+    ) -> commit_proxy::Proxy {
+        let proxy = self.behind_proxy().await;
+        proxy
+            .arm(commit_proxy::RuleSpec::new(commit_proxy::Action::Delay {
+                delay_ms,
+            }))
+            .expect("the rule arms");
+        proxy
+    }
+
+    /// Sends the first event (`task.started`, version 1) of `n` new tasks, named from `name`,
+    /// the run's seed and their number: each task, its event's id and its deliveries.
+    pub(crate) fn first_events(
+        &self,
+        name: &str,
+        n: usize,
+        seed: u64,
+    ) -> Vec<(String, String, Vec<DeliveryId>)> {
+        (0..n)
+            .map(|i| {
+                let task = format!("{name}-task-{i}-{seed:x}");
+                let id = format!("{name}-{i}-{seed:x}");
+                let deliveries = self.send(&self.event(&id, &task, 1, "task.started")).1;
+                (task, id, deliveries)
+            })
+            .collect()
+    }
+
     /// Waits (20 s at most) until event `event`'s inbox row is committed.
     pub(crate) async fn committed(&self, event: &str) -> Result<(), String> {
         let row = poll(

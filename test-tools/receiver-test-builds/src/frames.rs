@@ -27,12 +27,15 @@ pub fn refused(text: &str) -> Option<DeliveryId> {
 /// The `id` member of the event a delivery carries, when `text` is a delivery.
 pub fn delivered_event_id(text: &str) -> Option<String> {
     match ServerMessage::from_json(text).ok()? {
-        ServerMessage::Delivery { event, .. } => {
-            let v: serde_json::Value = serde_json::from_str(event.get()).ok()?;
-            v.get("id")?.as_str().map(str::to_owned)
-        }
+        ServerMessage::Delivery { event, .. } => event_id(event.get().as_bytes()),
         _ => None,
     }
+}
+
+/// The `id` member of an event's text.
+pub fn event_id(raw: &[u8]) -> Option<String> {
+    let v: serde_json::Value = serde_json::from_slice(raw).ok()?;
+    v.get("id")?.as_str().map(str::to_owned)
 }
 
 /// Whether `text` is a credit frame.

@@ -420,7 +420,7 @@ fn apply<'a>(
                 }
             }
             Some(Mutant::CancelsOnStreamDrop) => {
-                let received_on = event_id_of(raw).and_then(|id| {
+                let received_on = frames::event_id(raw).and_then(|id| {
                     EPOCHS
                         .lock()
                         .unwrap_or_else(|p| p.into_inner())
@@ -875,12 +875,6 @@ static EPOCHS: std::sync::Mutex<(u64, EventEpochs)> =
     std::sync::Mutex::new((0, std::collections::BTreeMap::new()));
 
 type EventEpochs = std::collections::BTreeMap<String, u64>;
-
-/// The `id` member of an event's text.
-fn event_id_of(raw: &[u8]) -> Option<String> {
-    let v: serde_json::Value = serde_json::from_slice(raw).ok()?;
-    v.get("id")?.as_str().map(str::to_owned)
-}
 
 /// [`Mutant::CancelsOnStreamDrop`]'s layer: counts the stream's connections and notes which
 /// one each delivery arrived on ([`EPOCHS`]).

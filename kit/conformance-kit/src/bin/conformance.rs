@@ -362,22 +362,6 @@ fn given_or_env(flag: &str, value: Option<String>) -> Result<Option<String>, Str
     }
 }
 
-/// Every flag of `conformance run` that a variable can stand in for (the help names each).
-#[cfg(test)]
-const RUN_FLAGS: &[&str] = &[
-    "--receiver",
-    "--only",
-    "--seed",
-    "--junit",
-    "--json",
-    "--certificate",
-    "--expect",
-    "--strict",
-    "--keep-logs",
-    "--jobs",
-    "--database",
-];
-
 fn run_options(r: RunArgs, names: &[&str]) -> Result<Options, String> {
     let r = RunArgs {
         receiver: given_or_env("--receiver", r.receiver)?,
@@ -1236,6 +1220,21 @@ mod tests {
         }
         assert!(matches!(parse(&args(&["--help"])), Ok(Asked::Nothing)));
     }
+
+    /// Every flag of `conformance run` that a variable can stand in for (the help names each).
+    const RUN_FLAGS: &[&str] = &[
+        "--receiver",
+        "--only",
+        "--seed",
+        "--junit",
+        "--json",
+        "--certificate",
+        "--expect",
+        "--strict",
+        "--keep-logs",
+        "--jobs",
+        "--database",
+    ];
 
     #[test]
     fn every_flag_of_run_has_its_variable_in_the_help() {

@@ -266,12 +266,9 @@ const BACKLOG: usize = 40;
 
 pub(crate) async fn credit_bound(ctx: Ctx) -> Verdict {
     let mut w = World::start(&ctx, 10).await;
-    let proxy = w.behind_proxy().await;
     // Every COMMIT answered 300 ms late: applies are slower than the platform, so credit
     // given for arrivals would pile deliveries up.
-    proxy
-        .arm(RuleSpec::new(Action::Delay { delay_ms: 300 }))
-        .expect("the rule arms");
+    let _proxy = w.behind_proxy_answering_commits_late(300).await;
     w.init().await?;
     let mut ids = Vec::new();
     for _ in 0..BACKLOG {
@@ -363,21 +360,15 @@ const DROPPED_LEASE: u64 = 20;
 /// per connection, granted afresh), or the receiver stalls for good.
 pub(crate) async fn stream_dropped(ctx: Ctx) -> Verdict {
     let mut w = World::start(&ctx, DROPPED_LEASE).await;
-    let proxy = w.behind_proxy().await;
-    proxy
-        .arm(RuleSpec::new(Action::Delay {
-            delay_ms: DROPPED_COMMIT_MS,
-        }))
-        .expect("the rule arms");
+    let _proxy = w
+        .behind_proxy_answering_commits_late(DROPPED_COMMIT_MS)
+        .await;
     let _p = w.running().await?;
-    let round = |r: usize| {
-        (0..DROPPED_ROUND)
-            .flat_map(|i| {
-                let id = format!("dropped-{r}-{i}-{:x}", ctx.seed);
-                let task = format!("dropped-task-{r}-{i}-{:x}", ctx.seed);
-                w.send(&w.event(&id, &task, 1, "task.started")).1
-            })
-            .collect::<Vec<_>>()
+    let round = |r: usize| -> Vec<DeliveryId> {
+        w.first_events(&format!("dropped-{r}"), DROPPED_ROUND, ctx.seed)
+            .into_iter()
+            .flat_map(|(_, _, deliveries)| deliveries)
+            .collect()
     };
     let first = round(0);
     // Close the stream once the receiver holds several leases and none is ACKed yet; what it
@@ -489,19 +480,14 @@ const SATURATED_EVENTS: usize = 8;
 pub(crate) async fn deadline_from_arrival(ctx: Ctx) -> Verdict {
     ctx.findings().judge_refusals_here();
     let mut w = World::start(&ctx, SATURATED_LEASE).await;
-    let proxy = w.behind_proxy().await;
-    proxy
-        .arm(RuleSpec::new(Action::Delay {
-            delay_ms: SATURATED_COMMIT_MS,
-        }))
-        .expect("the rule arms");
+    let _proxy = w
+        .behind_proxy_answering_commits_late(SATURATED_COMMIT_MS)
+        .await;
     let _p = w.running().await?;
-    let ids: Vec<DeliveryId> = (0..SATURATED_EVENTS)
-        .flat_map(|i| {
-            let id = format!("saturated-{i}-{:x}", ctx.seed);
-            let task = format!("saturated-task-{i}-{:x}", ctx.seed);
-            w.send(&w.event(&id, &task, 1, "task.started")).1
-        })
+    let ids: Vec<DeliveryId> = w
+        .first_events("saturated", SATURATED_EVENTS, ctx.seed)
+        .into_iter()
+        .flat_map(|(_, _, deliveries)| deliveries)
         .collect();
     w.acked(
         &ids,

@@ -306,7 +306,8 @@ pub(crate) async fn malformed_events(ctx: Ctx) -> Verdict {
     for (what, id, ids) in &sent {
         ensure!(
             !ids.is_empty(),
-            "the kit could not run the case: the platform delivered no copy of the event with {what}"
+            "{}: the platform delivered no copy of the event with {what}",
+            crate::report::NOT_RUN
         );
         let d = w.settled(&ids[0], Duration::from_secs(30)).await;
         ensure!(

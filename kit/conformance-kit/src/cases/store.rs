@@ -394,19 +394,14 @@ pub(crate) async fn every_connection(ctx: Ctx) -> Verdict {
         .execute(&mut admin)
         .await
         .expect("the server's time zone set");
-    let proxy = w.behind_proxy().await;
-    proxy
-        .arm(RuleSpec::new(Action::Delay { delay_ms: 300 }))
-        .expect("the rule arms");
+    let _proxy = w.behind_proxy_answering_commits_late(300).await;
     let _p = w.running().await?;
     let mut tasks = Vec::new();
     let mut most = 0;
     for round in 0..2 {
         let mut ids = Vec::new();
-        for i in 0..ROUND {
-            let task = format!("conn-{round}-{i}-{:x}", ctx.seed);
-            let key = format!("conn-event-{round}-{i}-{:x}", ctx.seed);
-            ids.extend(w.send(&w.event(&key, &task, 1, "task.started")).1);
+        for (task, key, deliveries) in w.first_events(&format!("conn-{round}"), ROUND, ctx.seed) {
+            ids.extend(deliveries);
             tasks.push((task, key));
         }
         let seen = connections(&mut admin, &w.db().runtime.user);
