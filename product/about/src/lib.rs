@@ -98,6 +98,13 @@ pub fn version_line(program: &str) -> String {
     )
 }
 
+/// [`version_line`] with one more part before its closing parenthesis (the receiver names the
+/// schema version it needs).
+pub fn version_line_with(program: &str, more: &str) -> String {
+    let line = version_line(program);
+    format!("{}; {more})", line.trim_end_matches(')'))
+}
+
 /// What to say of an unknown command (after the program's `name: `): names it and lists the
 /// commands.
 pub fn unknown_command(program: &str, given: &str, commands: &[&str]) -> String {

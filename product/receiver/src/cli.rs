@@ -26,6 +26,7 @@ pub enum Invocation {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Command {
     Init,
+    Migrate(MigrateArgs),
     Demo,
     Consume,
     Retention,
@@ -56,6 +57,18 @@ pub struct PruneArgs {
     pub max_seconds: Option<u64>,
     pub dry_run: bool,
 }
+
+/// What `receiver migrate` was asked to do, checked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MigrateArgs {
+    pub dry_run: bool,
+    pub allow_blocking: bool,
+    /// How long to wait for another run's lock.
+    pub lock_wait: std::time::Duration,
+}
+
+/// How long `migrate` waits for another run's lock unless `--lock-wait` says otherwise.
+pub const DEFAULT_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(300);
 
 /// What `receiver reconcile` was asked to do, checked (times in UTC, RFC 3339).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -112,6 +125,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Sub {
     Init(Bare),
+    Migrate(MigrateFlags),
     Demo(Bare),
     Consume(Bare),
     Retention(Bare),
@@ -152,6 +166,17 @@ struct PruneFlags {
     dry_run: bool,
     #[arg(long)]
     allow_short_window: bool,
+}
+
+#[derive(Args)]
+#[command(disable_help_flag = true)]
+struct MigrateFlags {
+    #[arg(long)]
+    dry_run: bool,
+    #[arg(long)]
+    allow_blocking: bool,
+    #[arg(long, allow_hyphen_values = true)]
+    lock_wait: Option<String>,
 }
 
 #[derive(Args)]
@@ -212,6 +237,7 @@ pub fn parse(args: Vec<OsString>) -> Result<Invocation, Usage> {
     Ok(match sub {
         Sub::Help => Invocation::Help(USAGE),
         Sub::Init(_) => Invocation::Run(Command::Init),
+        Sub::Migrate(m) => Invocation::Run(migrate(m)?),
         Sub::Demo(_) => Invocation::Run(Command::Demo),
         Sub::Consume(_) => Invocation::Run(Command::Consume),
         Sub::Retention(_) => Invocation::Run(Command::Retention),
@@ -225,6 +251,7 @@ pub fn parse(args: Vec<OsString>) -> Result<Invocation, Usage> {
 /// The commands, in the order the help lists them (`help` too, which prints it).
 pub const COMMANDS: &[&str] = &[
     "init",
+    "migrate",
     "demo",
     "consume",
     "digest",
@@ -239,6 +266,7 @@ pub const COMMANDS: &[&str] = &[
 fn help_of(command: Option<&str>) -> &'static str {
     match command {
         Some("init") => INIT_HELP,
+        Some("migrate") => MIGRATE_HELP,
         Some("demo") => DEMO_HELP,
         Some("consume") => CONSUME_HELP,
         Some("retention") => RETENTION_HELP,
@@ -259,6 +287,21 @@ fn digest(d: DigestArgs) -> Result<Command, Usage> {
         queue,
         file: d.file,
     })
+}
+
+fn migrate(m: MigrateFlags) -> Result<Command, Usage> {
+    let lock_wait = match m.lock_wait {
+        None => DEFAULT_LOCK_WAIT,
+        Some(w) => std::time::Duration::from_secs(
+            duration_seconds(&w, &[("s", 1), ("m", 60)], true)
+                .map_err(|why| usage("migrate", &format!("--lock-wait {w}: {why}")))?,
+        ),
+    };
+    Ok(Command::Migrate(MigrateArgs {
+        dry_run: m.dry_run,
+        allow_blocking: m.allow_blocking,
+        lock_wait,
+    }))
 }
 
 fn prune(p: PruneFlags) -> Result<Command, Usage> {
@@ -484,7 +527,10 @@ fn usage_line(command: &str, e: &clap::Error) -> Usage {
             "reconcile" if flag.starts_with("--") => {
                 usage("reconcile", &format!("unknown flag `{flag}`"))
             }
-            "digest" | "inspect" | "prune" | "reconcile" => {
+            "migrate" if flag.starts_with("--") => {
+                usage("migrate", &format!("unknown flag `{flag}`"))
+            }
+            "digest" | "inspect" | "prune" | "reconcile" | "migrate" => {
                 usage(command, &format!("unexpected argument `{flag}`"))
             }
             "help" => Usage(format!(
@@ -505,6 +551,7 @@ fn usage_line(command: &str, e: &clap::Error) -> Usage {
                 "--max-seconds" => "a number of seconds",
                 "--max-rate" => "a number of rows a second",
                 "--since" | "--until" => "an RFC 3339 time, e.g. 2026-12-05T10:00:00Z",
+                "--lock-wait" => "a duration, e.g. 300s",
                 _ => "an id",
             };
             usage(command, &format!("{flag} needs {needs}"))
@@ -516,7 +563,8 @@ fn usage_line(command: &str, e: &clap::Error) -> Usage {
 pub const USAGE: &str = "usage: receiver <command>   (receiver <command> --help for details)
 
 commands:
-  init       create the receiver's two tables, once
+  init       create the receiver's two tables, once, and record the schema's version
+  migrate    bring the receiver's schema to this release's version, step by step (the init account)
   demo       one task's cancellation end to end on a new subscription
   consume    apply an existing subscription's deliveries until SIGINT/SIGTERM
   digest     print an event's canonical bytes and SHA-256 (read-only)
@@ -617,12 +665,38 @@ environment:
 pub const INIT_HELP: &str = "usage: receiver init
 
 Creates receiver_inbox and receiver_task_views (schema/schema.sql) in the database
-ORBIT_RECEIVER_DSN names, and prints `receiver_schema_initialized=true foreign_keys=0`.
-Fails, changing nothing, if either table exists. The account needs CREATE on that database.
+ORBIT_RECEIVER_DSN names, records the schema's version in receiver_schema_versions
+(schema/migrations.sql), and prints `receiver_schema_initialized=true foreign_keys=0` and
+`schema_version=<N>`. Fails, changing nothing, if either table exists (a later release's
+schema changes reach an existing database through `receiver migrate`). The account is the init
+account (schema/grants.sql, step 1).
 
 environment:
   ORBIT_RECEIVER_DSN  mysql://user:password@host:port/<database>; the database is required;
                       a host other than loopback needs ?ssl-mode=VERIFY_IDENTITY (or REQUIRED)";
+
+pub const MIGRATE_HELP: &str =
+    "usage: receiver migrate [--dry-run] [--allow-blocking] [--lock-wait D]
+
+Moves the receiver database ORBIT_RECEIVER_DSN names from its recorded schema version (or, when
+none is recorded, the one its tables' shape shows) to this release's, one DDL statement per
+step, each recorded in receiver_schema_versions as started before it runs and as applied after.
+Prints `schema_version=<found> target=<this release's>`, then a line per step, then a summary;
+a database already at the target is left as it is. A run cut short (killed, disconnected, the
+server restarted) is finished by the next run. Two runs at once: the second waits for the
+first's lock (receiver_schema_lock), saying for whom, at most --lock-wait (300s; s or m).
+--dry-run prints each step's statement and the algorithm and lock the server will use, and
+changes nothing (the runtime account may run it). A step that would copy a table or block its
+writes is refused unless --allow-blocking. Runs as the init account (schema/grants.sql, step 1),
+never as the runtime or prune account. See docs/upgrading.md.
+
+exit status: 0 at the target (or a dry run), 1 a database failure (what was applied stays
+applied; run it again to resume), 2 usage, configuration or an account that is not the init
+account, 3 the database is not a receiver inbox, 4 its schema is newer than this release knows
+(never migrated down), 5 a blocking step without --allow-blocking, 6 another run kept the lock.
+
+environment:
+  ORBIT_RECEIVER_DSN  the receiver database, as the init account";
 
 pub const DEMO_HELP: &str = "usage: receiver demo
 
@@ -743,15 +817,15 @@ mod tests {
     fn every_usage_error_is_the_program_s_own_line() {
         assert_eq!(
             line(&["launch"]),
-            "receiver: unknown command `launch`; the commands are init, demo, consume, digest, inspect, retention, prune, reconcile, help (`receiver --help`)"
+            "receiver: unknown command `launch`; the commands are init, migrate, demo, consume, digest, inspect, retention, prune, reconcile, help (`receiver --help`)"
         );
         assert_eq!(
             line(&[]),
-            "receiver: no command given; the commands are init, demo, consume, digest, inspect, retention, prune, reconcile, help (`receiver --help`)"
+            "receiver: no command given; the commands are init, migrate, demo, consume, digest, inspect, retention, prune, reconcile, help (`receiver --help`)"
         );
         assert_eq!(
             line(&["--frob", "init"]),
-            "receiver: unknown flag `--frob` before the command; the commands are init, demo, consume, digest, inspect, retention, prune, reconcile, help (`receiver --help`)"
+            "receiver: unknown flag `--frob` before the command; the commands are init, migrate, demo, consume, digest, inspect, retention, prune, reconcile, help (`receiver --help`)"
         );
         assert_eq!(
             line(&["consume", "--fast"]),

@@ -50,6 +50,9 @@ pub const DRAIN: Duration = Duration::from_secs(8);
 pub enum ConsumeError {
     #[error("cannot connect to the receiver database: {0}")]
     Store(#[source] result_inbox::StorageError),
+    /// The schema's version does not fit this build: refused before any lease is taken.
+    #[error("{0}")]
+    Schema(#[source] result_inbox::StorageError),
     #[error("RECEIVER_REQUIRE_REPLICA_ACK=1 cannot be honoured by the receiver database: {0}: refusing to start")]
     ReplicaAck(String),
     #[error("{0}")]
@@ -144,7 +147,13 @@ async fn connect_store(
                 None => why.to_owned(),
             },
         ),
+        result_inbox::StorageKind::Schema(_) => ConsumeError::Schema(e),
         _ => ConsumeError::Store(e),
+    })
+    .inspect(|store| {
+        if let Some(warning) = store.schema().warning() {
+            tracing::warn!("{warning}");
+        }
     })
 }
 

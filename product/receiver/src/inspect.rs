@@ -145,6 +145,9 @@ pub async fn read(
 ) -> Result<(Vec<InboxRow>, Option<ViewRow>), StorageError> {
     let fail = |e: sqlx::Error| StorageError::from_sqlx(&e);
     let mut conn = connect_one(dsn).await?;
+    if let Some(warning) = result_inbox::migrate::check(&mut conn).await?.warning() {
+        eprintln!("receiver inspect: warning: {warning}");
+    }
     let select = format!(
         "SELECT event_id, event_digest, applied, CAST(DATE_FORMAT(received_at, '{TS}') AS BINARY), event_canonical \
          FROM receiver_inbox WHERE consumer_name = ? AND queue_id = ? AND "

@@ -71,11 +71,15 @@ pub fn main(program: &Program) -> ExitCode {
             ExitCode::SUCCESS
         }
         Ok(Invocation::Version) => {
-            about::print(&about::version_line("receiver"));
+            about::print(&about::version_line_with(
+                "receiver",
+                &format!("schema version {}", result_inbox::migrate::known_version()),
+            ));
             ExitCode::SUCCESS
         }
         Ok(Invocation::Run(command)) => match command {
             Command::Init => init(program),
+            Command::Migrate(args) => migrate(&args),
             Command::Demo => demo(),
             Command::Consume => consume(program),
             Command::Retention => retention(),
@@ -129,6 +133,49 @@ fn init(program: &Program) -> ExitCode {
         Err(errors) => return config_failed("init", errors),
     };
     finish("init", runtime().block_on((program.init)(&config.dsn)))
+}
+
+/// `receiver migrate`: results on stdout, waits on stderr.
+struct Lines;
+
+impl result_inbox::migrate::Say for Lines {
+    fn line(&mut self, line: String) {
+        println!("{line}");
+    }
+    fn waiting(&mut self, line: String) {
+        eprintln!("receiver migrate: {line}");
+    }
+}
+
+fn migrate(args: &crate::cli::MigrateArgs) -> ExitCode {
+    let config = match InitConfig::from_source(&ProcessEnv) {
+        Ok(c) => c,
+        Err(errors) => return config_failed("migrate", errors),
+    };
+    let options = result_inbox::migrate::Options {
+        dry_run: args.dry_run,
+        allow_blocking: args.allow_blocking,
+        lock_wait: args.lock_wait,
+        by: result_inbox::ledger::this_run(&format!(
+            "receiver {} migrate",
+            env!("CARGO_PKG_VERSION")
+        )),
+    };
+    let rt = runtime();
+    match rt.block_on(result_inbox::migrate::migrate(
+        &config.dsn,
+        &options,
+        &mut Lines,
+    )) {
+        Ok(summary) => {
+            println!("{summary}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("receiver migrate: {e}");
+            ExitCode::from(e.exit_code())
+        }
+    }
 }
 
 /// Prints a command's report on stdout (exit 0), or its error as one line on stderr (exit 1).

@@ -144,6 +144,9 @@ pub async fn run(
         args.older_than.seconds,
     )
     .await?;
+    if let Some(warning) = pruner.schema().warning() {
+        eprintln!("receiver prune: warning: {warning}");
+    }
     let window = args.older_than.text.clone();
     let cutoff = pruner.cutoff().to_owned();
     if args.dry_run {

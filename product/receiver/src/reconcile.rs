@@ -168,6 +168,12 @@ pub async fn run(
     let mut db = result_inbox::connect::connect_one(&config.run.dsn)
         .await
         .map_err(|e| ReconcileError::Database(e.to_string()))?;
+    let fit = result_inbox::migrate::check(&mut db)
+        .await
+        .map_err(|e| ReconcileError::Database(e.to_string()))?;
+    if let Some(warning) = fit.warning() {
+        eprintln!("receiver reconcile: warning: {warning}");
+    }
     let (consumer, queue) = (config.run.name.as_str(), platform.queue.as_str());
     // The oldest row left: a delivery ACKED before it whose row is gone was pruned.
     let oldest: Option<String> = sqlx::query_scalar(

@@ -121,6 +121,9 @@ pub enum StorageKind {
     ReplicaAckUnsupported(&'static str),
     /// The receiver's tables are missing (run `receiver init`).
     SchemaMissing,
+    /// The schema's version does not fit this build (`crate::version`): newer than it knows,
+    /// older than it runs on, or not readable by the account.
+    Schema(crate::version::Mismatch),
     /// The server refused the account's user name and password (1045).
     AccessDenied,
     /// The connection's TLS failed: an untrusted or misnamed server certificate, a refused
@@ -319,7 +322,11 @@ impl StorageError {
 
 impl fmt::Display for StorageError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let place = self.place.as_deref();
+        // A schema that does not fit is no fault of the address or the setting.
+        let place = self
+            .place
+            .as_deref()
+            .filter(|_| !matches!(self.kind, StorageKind::Schema(_)));
         // At a connect, the line starts with where it went: `127.0.0.1:3306: connection
         // refused: …; check ORBIT_RECEIVER_DSN`.
         if let Some(p) = place {
@@ -358,6 +365,10 @@ impl fmt::Display for StorageError {
             }
             StorageKind::SchemaMissing => {
                 "receiver tables missing: run `receiver init` against this database"
+            }
+            StorageKind::Schema(mismatch) => {
+                write!(f, "{mismatch}")?;
+                ""
             }
             StorageKind::AccessDenied if place.is_some() => {
                 ": the server refused its password, or the account may not connect from this host"

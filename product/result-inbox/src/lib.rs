@@ -17,12 +17,15 @@
 
 pub use canonical_form as canonical;
 pub mod connect;
+pub mod ddl;
 pub mod dsn;
 pub mod durability;
 pub mod error;
 pub mod event;
 pub mod group;
 pub mod identity;
+pub mod ledger;
+pub mod migrate;
 pub mod outcome;
 mod pool;
 pub mod prune;
@@ -30,6 +33,7 @@ pub mod schema;
 pub mod seam;
 pub mod statements;
 pub mod store;
+pub mod version;
 mod work;
 
 pub use canonical::{canonicalize, Digest};

@@ -31,12 +31,7 @@ use crate::error::StorageKind;
 use crate::identity::{ConsumerName, QueueId};
 use crate::schema::{INDEX_EXISTS, RECEIVED_AT_INDEX};
 
-/// Adds [`RECEIVED_AT_INDEX`] to an inbox created before it existed: online, with no lock
-/// that stops applies (InnoDB builds a secondary index in place). `receiver init` never
-/// alters a table, so a DBA runs this once, as an account with ALTER and INDEX.
-pub const ADD_RECEIVED_AT_INDEX: &str = "ALTER TABLE receiver_inbox \
-     ADD INDEX receiver_inbox_received_at (consumer_name, queue_id, received_at), \
-     ALGORITHM = INPLACE, LOCK = NONE";
+pub use crate::version::ADD_RECEIVED_AT_INDEX;
 
 /// The largest batch `receiver prune` accepts: a batch is one transaction holding a lock on
 /// each of its rows until it commits.
@@ -95,8 +90,11 @@ const OLDEST: &str = concat!(
 pub enum PruneError {
     #[error("the account lacks {0} on receiver_inbox: prune runs as an account with SELECT and DELETE on receiver_inbox only (schema/grants.sql, step 3)")]
     MissingGrant(&'static str),
-    #[error("receiver_inbox has no index {RECEIVED_AT_INDEX}, so every batch would scan the whole table: add it once, online, with `{ADD_RECEIVED_AT_INDEX}` (docs/capacity.md)")]
+    #[error("receiver_inbox has no index {RECEIVED_AT_INDEX}, so every batch would scan the whole table: run `receiver migrate` as the init account, which adds it online (ALGORITHM=INPLACE, LOCK=NONE; docs/upgrading.md)")]
     NoIndex,
+    /// The schema's version does not fit this build (`crate::version`).
+    #[error("{0}")]
+    Schema(StorageError),
     #[error("{step}: {error}")]
     Storage {
         step: &'static str,
@@ -151,6 +149,8 @@ pub struct Pruner {
     consumer: ConsumerName,
     queue: QueueId,
     cutoff: String,
+    /// How the schema fits this build (an older one is pruned, with a warning).
+    schema: crate::version::Fit,
     /// The last row handled: its `received_at` and event id.
     cursor: (String, Vec<u8>),
 }
@@ -166,6 +166,11 @@ impl fmt::Debug for Pruner {
 }
 
 impl Pruner {
+    /// How the schema fits this build: the caller warns about an older one.
+    pub fn schema(&self) -> crate::version::Fit {
+        self.schema
+    }
+
     /// Connects, checks that the index is there and fixes the window's edge: rows received
     /// more than `window_seconds` before now, by the server's clock.
     pub async fn connect(
@@ -206,6 +211,16 @@ impl Pruner {
                 Ok(_) => PruneError::NoIndex,
             });
         }
+        let schema =
+            crate::migrate::check(&mut conn)
+                .await
+                .map_err(|error| match error.kind() {
+                    StorageKind::Schema(_) => PruneError::Schema(error),
+                    _ => PruneError::Storage {
+                        step: "reading the schema's version",
+                        error,
+                    },
+                })?;
         let cutoff: String = sqlx::query_scalar(CUTOFF)
             .bind(window_seconds)
             .fetch_one(&mut conn)
@@ -216,6 +231,7 @@ impl Pruner {
             consumer,
             queue,
             cutoff,
+            schema,
             cursor: ("1000-01-01 00:00:00.000000".to_owned(), Vec::new()),
         })
     }

@@ -1,10 +1,13 @@
-//! `receiver init`: runs the initial DDL from `schema/schema.sql`, once.
+//! `receiver init`: runs the initial DDL from `schema/schema.sql`, once, and records the
+//! schema's version (`schema/migrations.sql`, [`crate::version`]).
 //!
 //! The DDL is that file itself, compiled in, not a copy. Init only ever creates: if either
 //! table already exists it stops before running anything, and it never repairs a partial
-//! schema nor alters structure (upgrades are the receiver's own forward migrations).
+//! schema nor alters structure (upgrades are `receiver migrate`'s, [`crate::migrate`]).
 
 use std::fmt;
+
+pub use crate::ddl::statements;
 
 use sqlx::{Connection, Executor, Row};
 
@@ -16,8 +19,7 @@ use crate::error::StorageError;
 pub const INDEX_EXISTS: &str = "SELECT COUNT(*) FROM information_schema.statistics \
      WHERE table_schema = DATABASE() AND table_name = 'receiver_inbox' AND index_name = ?";
 
-/// The index a prune reads rows through, oldest first (`schema/schema.sql`).
-pub const RECEIVED_AT_INDEX: &str = "receiver_inbox_received_at";
+pub use crate::version::RECEIVED_AT_INDEX;
 
 /// The initial DDL, version 1: `schema/schema.sql`.
 pub const SCHEMA_SQL: &str = include_str!("../../../schema/schema.sql");
@@ -39,14 +41,16 @@ const FOREIGN_KEYS: &str = "SELECT COUNT(*) FROM information_schema.table_constr
 pub struct InitReport {
     /// Foreign keys on the receiver's tables, read back from information_schema.
     pub foreign_keys: i64,
+    /// The schema version recorded.
+    pub schema_version: u32,
 }
 
 impl fmt::Display for InitReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "receiver_schema_initialized=true foreign_keys={}",
-            self.foreign_keys
+            "receiver_schema_initialized=true foreign_keys={}\nschema_version={}",
+            self.foreign_keys, self.schema_version
         )
     }
 }
@@ -72,67 +76,8 @@ pub enum InitError {
     },
     #[error("reading back the schema failed: {0}")]
     Verify(StorageError),
-}
-
-/// Splits a DDL script into statements: on `;` outside quotes, with `--` and `/* */` comments
-/// removed.
-pub fn statements(sql: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut current = String::new();
-    let mut chars = sql.chars().peekable();
-    while let Some(c) = chars.next() {
-        match c {
-            '\'' | '"' | '`' => {
-                current.push(c);
-                while let Some(d) = chars.next() {
-                    current.push(d);
-                    if d == '\\' && c != '`' {
-                        if let Some(e) = chars.next() {
-                            current.push(e);
-                        }
-                    } else if d == c {
-                        if chars.peek() == Some(&c) {
-                            current.push(chars.next().unwrap_or(c));
-                        } else {
-                            break;
-                        }
-                    }
-                }
-            }
-            '-' if chars.peek() == Some(&'-') => {
-                for d in chars.by_ref() {
-                    if d == '\n' {
-                        current.push('\n');
-                        break;
-                    }
-                }
-            }
-            '/' if chars.peek() == Some(&'*') => {
-                chars.next();
-                let mut prev = ' ';
-                for d in chars.by_ref() {
-                    if prev == '*' && d == '/' {
-                        break;
-                    }
-                    prev = d;
-                }
-                current.push(' ');
-            }
-            ';' => {
-                let stmt = current.trim();
-                if !stmt.is_empty() {
-                    out.push(stmt.to_owned());
-                }
-                current.clear();
-            }
-            _ => current.push(c),
-        }
-    }
-    let stmt = current.trim();
-    if !stmt.is_empty() {
-        out.push(stmt.to_owned());
-    }
-    out
+    #[error("the tables were created, but recording the schema's version failed: {0}; `receiver migrate` records it from the tables' shape")]
+    Record(StorageError),
 }
 
 /// Creates the receiver's tables in the database `dsn` names.
@@ -195,8 +140,15 @@ pub(crate) async fn init_from(dsn: &Dsn, schema_sql: &str) -> Result<InitReport,
         .await
         .and_then(|row| row.try_get(0))
         .map_err(|e| InitError::Verify(StorageError::from_sqlx(&e)))?;
+    let by = crate::ledger::this_run(&format!("receiver {} init", env!("CARGO_PKG_VERSION")));
+    crate::ledger::record_init(&mut conn, &by)
+        .await
+        .map_err(InitError::Record)?;
     let _ = conn.close().await;
-    Ok(InitReport { foreign_keys })
+    Ok(InitReport {
+        foreign_keys,
+        schema_version: crate::version::SCHEMA_VERSION,
+    })
 }
 
 #[cfg(test)]
@@ -222,17 +174,5 @@ mod tests {
                 );
             }
         }
-    }
-
-    #[test]
-    fn splitter_respects_quotes_and_comments() {
-        let sql = "-- a; comment\nCREATE TABLE a (x INT COMMENT 'semi; colon ''q''');\n/* b; */ SELECT \"x;\";";
-        assert_eq!(
-            statements(sql),
-            vec![
-                "CREATE TABLE a (x INT COMMENT 'semi; colon ''q''')".to_owned(),
-                "SELECT \"x;\"".to_owned()
-            ]
-        );
     }
 }

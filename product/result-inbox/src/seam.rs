@@ -28,6 +28,10 @@ pub enum Point {
     AfterViews,
     /// After every write, before `COMMIT`.
     BeforeCommit,
+    /// In `receiver migrate`, after a step was recorded as started, before its statement.
+    StepStarted,
+    /// In `receiver migrate`, after a step's statement, before it is recorded as applied.
+    StepDone,
 }
 
 /// Passes `point` for `event`; in a test build with a hook installed, waits for it. The
@@ -39,6 +43,26 @@ pub(crate) async fn reach(point: Point, event: &TaskEvent) {
     }
     #[cfg(not(feature = "seams"))]
     let _ = (point, event);
+}
+
+/// Passes `point` of `receiver migrate` for the step of `version`; in a test build with a
+/// hook installed, waits for it.
+pub(crate) async fn reach_step(point: Point, version: u32) {
+    #[cfg(feature = "seams")]
+    if let Some(hook) = installed::HOOK.get() {
+        hook(point, version.to_string()).await;
+    }
+    #[cfg(not(feature = "seams"))]
+    let _ = (point, version);
+}
+
+/// Steps a test build added to the product's (none in the product).
+pub(crate) fn extra_steps() -> &'static [crate::version::Step] {
+    #[cfg(feature = "seams")]
+    if let Some(steps) = installed::STEPS.get() {
+        return steps;
+    }
+    &[]
 }
 
 /// The statements every store of this process runs.
@@ -74,6 +98,15 @@ mod installed {
 
     pub(super) static HOOK: OnceLock<Hook> = OnceLock::new();
     pub(super) static STATEMENTS: OnceLock<Statements> = OnceLock::new();
+    pub(super) static STEPS: OnceLock<Vec<crate::version::Step>> = OnceLock::new();
+
+    /// Adds `steps` to the product's for this process (a test-only schema change, to prove
+    /// `receiver migrate` on a step of its own); a second install is refused.
+    pub fn install_steps(steps: Vec<crate::version::Step>) -> Result<(), &'static str> {
+        STEPS
+            .set(steps)
+            .map_err(|_| "test steps are already installed")
+    }
 
     /// Installs the hook for this process; a second install is refused.
     pub fn install_hook(hook: Hook) -> Result<(), &'static str> {

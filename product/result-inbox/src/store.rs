@@ -208,6 +208,8 @@ pub struct Store {
     statements: &'static Statements,
     /// How many more groups read the inbox before their dedup claims ([`Store::apply_group`]).
     screen: Arc<AtomicU32>,
+    /// How the database's schema fits this build, as read at connect.
+    schema: crate::version::Fit,
 }
 
 impl Store {
@@ -364,7 +366,7 @@ impl Store {
         let statements = crate::seam::statements();
         let connect = connect_options(dsn)?.timezone(statements.time_zone.map(str::to_owned));
         let pool = Arc::new(Pool::new(connect, options.max_connections));
-        let store = Store {
+        let mut store = Store {
             pool,
             consumer,
             queue,
@@ -372,11 +374,20 @@ impl Store {
             require_replica_ack: options.require_replica_ack,
             statements,
             screen: Arc::new(AtomicU32::new(0)),
+            schema: crate::version::Fit::Current,
         };
         // Fail at start, not at the first event, when `init` was never run. A server that
         // accepts the connection and then says nothing must not hold the start forever.
         let first = async {
             store.read(sqlx::query(SCHEMA_CHECK)).await?;
+            // The schema's version, before anything is taken or written: a newer one than
+            // this build knows is refused here.
+            let schema = {
+                let mut conn = store.pool.acquire().await.map_err(storage)?;
+                let fit = crate::migrate::check(conn.get()).await?;
+                conn.clean();
+                fit
+            };
             if store.require_replica_ack {
                 // A server that can never honour the requirement is refused now, not held
                 // for forever; one whose replica is only late is waited for like an outage.
@@ -384,12 +395,23 @@ impl Store {
                 durability::check_replica_ack_settings(conn.get()).await?;
                 conn.clean();
             }
-            Ok::<(), StorageError>(())
+            Ok::<_, StorageError>(schema)
         };
         match tokio::time::timeout(CONNECT_TIMEOUT, first).await {
-            Ok(result) => result.map(|()| store).map_err(|e| e.for_dsn(dsn)),
+            Ok(result) => result
+                .map(|schema| {
+                    store.schema = schema;
+                    store
+                })
+                .map_err(|e| e.for_dsn(dsn)),
             Err(_) => Err(StorageError::not_answering().for_dsn(dsn)),
         }
+    }
+
+    /// How the database's schema fits this build: an older one that it still runs on is
+    /// [`crate::version::Fit::Older`], which a program warns about.
+    pub fn schema(&self) -> crate::version::Fit {
+        self.schema
     }
 
     /// Whether this store requires a replica's acknowledgement of every commit.

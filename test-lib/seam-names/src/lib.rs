@@ -27,11 +27,16 @@ pub enum Barrier {
     AfterCommit,
     /// In the SDK, right after the ACK frame was written to the stream.
     AfterAckSent,
+    /// In `receiver migrate`, after a step was recorded as started, before its statement
+    /// (keyed by the step's version).
+    StepStarted,
+    /// In `receiver migrate`, after a step's statement, before it is recorded as applied.
+    StepDone,
 }
 
 impl Barrier {
-    /// Every barrier, in flow order.
-    pub const ALL: [Barrier; 7] = [
+    /// The barriers in the flow of one delivery, in flow order.
+    pub const DELIVERY: [Barrier; 7] = [
         Barrier::BeforeInsert,
         Barrier::BeforeVerdict,
         Barrier::AfterInboxRows,
@@ -39,6 +44,19 @@ impl Barrier {
         Barrier::BeforeCommit,
         Barrier::AfterCommit,
         Barrier::AfterAckSent,
+    ];
+
+    /// Every barrier: a delivery's, then `receiver migrate`'s.
+    pub const ALL: [Barrier; 9] = [
+        Barrier::BeforeInsert,
+        Barrier::BeforeVerdict,
+        Barrier::AfterInboxRows,
+        Barrier::AfterViews,
+        Barrier::BeforeCommit,
+        Barrier::AfterCommit,
+        Barrier::AfterAckSent,
+        Barrier::StepStarted,
+        Barrier::StepDone,
     ];
 
     /// The name `RECEIVER_FAULT_BARRIERS` takes.
@@ -51,6 +69,8 @@ impl Barrier {
             Barrier::BeforeCommit => "before_commit",
             Barrier::AfterCommit => "after_commit",
             Barrier::AfterAckSent => "after_ack_sent",
+            Barrier::StepStarted => "step_started",
+            Barrier::StepDone => "step_done",
         }
     }
 

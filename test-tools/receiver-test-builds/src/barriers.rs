@@ -13,6 +13,8 @@
 //! | `before_commit` | after the inbox row and the view are written, before `COMMIT` |
 //! | `after_commit` | after the apply answered (COMMIT confirmed, or a duplicate/stale verdict), before the handler returns and the SDK ACKs |
 //! | `after_ack_sent` | in the SDK, right after the ACK frame was written to the stream |
+//! | `step_started` | in `receiver migrate`, after a step is recorded as started, before its statement (key: the step's version) |
+//! | `step_done` | in `receiver migrate`, after a step's statement, before it is recorded as applied |
 //!
 //! `RECEIVER_FAULT_BARRIERS` arms some: a comma-separated list of `point` (stop at its first
 //! hit) or `point@N` (stop at its N-th hit in this process). At an armed hit the barrier
@@ -158,6 +160,8 @@ pub fn install() {
                 result_inbox::seam::Point::AfterInboxRows => Barrier::AfterInboxRows,
                 result_inbox::seam::Point::AfterViews => Barrier::AfterViews,
                 result_inbox::seam::Point::BeforeCommit => Barrier::BeforeCommit,
+                result_inbox::seam::Point::StepStarted => Barrier::StepStarted,
+                result_inbox::seam::Point::StepDone => Barrier::StepDone,
             };
             Box::pin(async move { self::barrier(barrier, &key).await })
         })),
@@ -174,6 +178,53 @@ pub fn install() {
             eprintln!("receiver-faults: {e}");
             std::process::exit(2);
         }
+    }
+}
+
+/// The test-only schema steps `RECEIVER_TEST_SCHEMA_STEP` adds, as version 3 after the
+/// product's: `instant` (a column added with `ALGORITHM=INSTANT`, what the upgrade drill
+/// migrates to) or `copy` (a column added with `ALGORITHM=COPY`, which `receiver migrate`
+/// refuses without `--allow-blocking`). A bad value exits.
+pub fn install_test_steps() {
+    use result_inbox::migrate::{Algorithm, Shape, Step};
+    #[allow(clippy::disallowed_methods)] // the fault build's own switch, read once
+    let asked = std::env::var("RECEIVER_TEST_SCHEMA_STEP").unwrap_or_default();
+    let step = match asked.as_str() {
+        "" => return,
+        "instant" => Step {
+            version: 3,
+            name: "test-drill-column",
+            table: "receiver_task_views",
+            statement: "ALTER TABLE receiver_task_views \
+                 ADD COLUMN drill_note VARBINARY(32) NULL COMMENT '仅测试构建：升级演练的一步', \
+                 ALGORITHM = INSTANT",
+            algorithm: Algorithm::Instant,
+            shape: Shape::Column {
+                table: "receiver_task_views",
+                column: "drill_note",
+            },
+        },
+        "copy" => Step {
+            version: 3,
+            name: "test-copying-column",
+            table: "receiver_task_views",
+            statement: "ALTER TABLE receiver_task_views \
+                 ADD COLUMN drill_copy VARBINARY(32) NULL COMMENT '仅测试构建：需要复制表的一步', \
+                 ALGORITHM = COPY",
+            algorithm: Algorithm::Copy,
+            shape: Shape::Column {
+                table: "receiver_task_views",
+                column: "drill_copy",
+            },
+        },
+        other => {
+            eprintln!("receiver-faults: RECEIVER_TEST_SCHEMA_STEP={other:?}: use instant or copy");
+            std::process::exit(2);
+        }
+    };
+    if let Err(e) = result_inbox::seam::install_steps(vec![step]) {
+        eprintln!("receiver-faults: {e}");
+        std::process::exit(2);
     }
 }
 

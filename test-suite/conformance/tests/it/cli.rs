@@ -41,7 +41,7 @@ async fn init_creates_the_schema_once_and_refuses_a_second_time() {
     assert_eq!(text(&first.stderr), "");
     assert_eq!(
         text(&first.stdout),
-        "receiver_schema_initialized=true foreign_keys=0\n"
+        "receiver_schema_initialized=true foreign_keys=0\nschema_version=2\n"
     );
     assert!(first.status.success());
 
@@ -53,7 +53,8 @@ async fn init_creates_the_schema_once_and_refuses_a_second_time() {
     .await
     .unwrap();
     let before = structure(&mut admin).await;
-    assert_eq!(before.0, 2);
+    // The two tables, the schema's ledger and its lock.
+    assert_eq!(before.0, 4);
 
     let second = receiver(&["init"], &[("ORBIT_RECEIVER_DSN", &url)]);
     assert_eq!(second.status.code(), Some(1));
@@ -103,7 +104,7 @@ fn missing_configuration_and_commands_are_one_clear_line() {
     assert_eq!(out.status.code(), Some(2));
     assert_eq!(
         text(&out.stderr),
-        "receiver: unknown command `launch`; the commands are init, demo, consume, digest, inspect, retention, prune, reconcile, help (`receiver --help`)\n"
+        "receiver: unknown command `launch`; the commands are init, migrate, demo, consume, digest, inspect, retention, prune, reconcile, help (`receiver --help`)\n"
     );
 }
 
@@ -153,6 +154,7 @@ fn help_texts() {
     for args in [
         &["help"][..],
         &["init", "--help"],
+        &["migrate", "--help"],
         &["demo", "--help"],
         &["consume", "--help"],
         &["digest", "--help"],

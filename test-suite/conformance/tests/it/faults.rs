@@ -831,7 +831,7 @@ async fn crash_loop_of_twenty_kills_loses_nothing_and_applies_nothing_twice() {
     let mut plan = Vec::new();
     // Not `before_verdict`: only a duplicate reaches it, and a round cannot count on making one
     // (the prune suite holds a process there).
-    for point in Barrier::ALL
+    for point in Barrier::DELIVERY
         .into_iter()
         .filter(|p| *p != Barrier::BeforeVerdict)
     {

@@ -15,6 +15,7 @@ mod group;
 mod inspect;
 mod kit;
 mod metrics;
+mod migrate;
 mod nemesis;
 mod outage;
 mod platform;
