@@ -2,7 +2,7 @@
 CARGO ?= cargo
 
 .DEFAULT_GOAL := help
-.PHONY: help deps check build install dist fault-build mutant-build kit kit-dist containers-inside release test unit integration integration-containers demo bench bench-proxy bench-prune bench-instructions soak nemesis failover
+.PHONY: help deps check build install dist fault-build mutant-build kit kit-dist containers-inside release test unit integration integration-containers upgrade-drill demo bench bench-proxy bench-prune bench-instructions soak nemesis failover
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -81,6 +81,10 @@ unit: ## Only the tests that need no server
 # INTEGRATION_ARGS passes options, e.g. INTEGRATION_ARGS="--only faults,storage".
 integration: deps build fault-build mutant-build release ## Every real-server suite in parallel, a summary table, a cleanup check
 	$(CARGO) run -q -p conformance --bin integration -- $(INTEGRATION_ARGS)
+
+# The last release's receiver is built from its tag into target/ (only its own crates build).
+upgrade-drill: deps build fault-build ## The rolling upgrade from the last release, rehearsed under load, lost COMMIT answers and a killed migrate: on one server and on a Galera cluster (a ledger with 0 violations)
+	$(CARGO) run -q -p conformance --bin integration -- --only upgrade
 
 # Under scripts/containers run: Debian's docker.io installed if missing, an isolated engine of
 # our own, the local MariaDB image (cached in target/containers), and after the run a proof

@@ -77,6 +77,17 @@ impl Provisioned {
         )
     }
 
+    /// [`Provisioned::init_url`] on another node of the same cluster.
+    pub fn init_url_on(&self, node: &Server) -> Secret {
+        url(
+            &self.init.user,
+            self.init.password.expose(),
+            &node.address(),
+            Some(&self.receiver_db),
+            &node.tls_query(),
+        )
+    }
+
     /// [`Provisioned::admin_receiver_url`] on another node of the same cluster.
     pub fn admin_receiver_url_on(&self, node: &Server) -> Secret {
         node.admin_url_on(Some(&self.receiver_db))

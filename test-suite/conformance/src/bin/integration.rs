@@ -97,6 +97,10 @@ const LOCAL_ONLY: &[(&str, &str)] = &[
         "it reads the files of a local server's datadir, with and without encryption at rest",
     ),
     (
+        "upgrade",
+        "its rolling-upgrade drill runs on a local server of its own and a local Galera cluster (testdb::Cluster)",
+    ),
+    (
         "deploy",
         "its Prometheus test stops (SIGSTOP) the receiver's own local server; the receiver's image is run after the suites, on the container server",
     ),

@@ -26,3 +26,4 @@ mod schema;
 mod storage;
 mod surface;
 mod tls;
+mod upgrade;
