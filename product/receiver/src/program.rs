@@ -160,6 +160,7 @@ fn migrate(args: &crate::cli::MigrateArgs) -> ExitCode {
             "receiver {} migrate",
             env!("CARGO_PKG_VERSION")
         )),
+        database: config.dsn.database().to_owned(),
     };
     let rt = runtime();
     match rt.block_on(result_inbox::migrate::migrate(

@@ -171,6 +171,8 @@ pub struct Options {
     pub lock_wait: Duration,
     /// Who runs it, as the ledger and the lock record it (program, version, host, pid).
     pub by: String,
+    /// The database's name, for the lines that name a grant.
+    pub database: String,
 }
 
 /// Where `migrate` says what it does: results on one side, waits on the other.
@@ -499,6 +501,10 @@ async fn run_steps(
         say.line(format!(
             "recorded versions 1 to {} as recognised by the tables' shape",
             found.version
+        ));
+        say.line(format!(
+            "from now on every program reads the version at start: grant the runtime and prune accounts SELECT on `{}`.receiver_schema_versions (schema/grants.sql, steps 2 and 3)",
+            options.database
         ));
     }
     let mut applied = 0;

@@ -28,6 +28,9 @@ const RELEASE: &str = "v0.1.0";
 const RELEASE_COMMIT: &str = "005f3aa9360e18a32785aa42193dbd969681f234";
 /// The release's receiver, renamed so that it never takes the place of this build's.
 const OLD_BIN: &str = "receiver-0_1_0";
+/// Where the release's product crates go in its source tree (not `product`: see
+/// [`old_receiver`]).
+const PRODUCT: &str = "product-0_1_0";
 
 fn note(line: std::fmt::Arguments<'_>) {
     fixtures::note("upgrade", line);
@@ -83,7 +86,8 @@ fn old_receiver() -> &'static Path {
         }
         let src = root.join("target/releases").join(RELEASE);
         let marker = src.join(".extracted");
-        if std::fs::read_to_string(&marker).ok().as_deref() != Some(RELEASE_COMMIT) {
+        let layout = format!("{RELEASE_COMMIT} {PRODUCT}");
+        if std::fs::read_to_string(&marker).ok().as_deref() != Some(layout.as_str()) {
             let _ = std::fs::remove_dir_all(&src);
             std::fs::create_dir_all(&src).unwrap();
             let archive = root.join("target/releases").join(format!("{RELEASE}.tar"));
@@ -100,7 +104,19 @@ fn old_receiver() -> &'static Path {
                 "tar",
             );
             let _ = std::fs::remove_file(&archive);
-            let manifest = src.join("product/receiver/Cargo.toml");
+            // Cargo tells two path crates of one name and version apart by their path relative
+            // to their workspace's root: the release's product/endpoint would share this
+            // build's artifacts (and overwrite them) under the same target directory. Its
+            // product folder gets a name of its own.
+            std::fs::rename(src.join("product"), src.join(PRODUCT)).unwrap();
+            let root_manifest = src.join("Cargo.toml");
+            let text = std::fs::read_to_string(&root_manifest).unwrap();
+            std::fs::write(
+                &root_manifest,
+                text.replace("\"product/", &format!("\"{PRODUCT}/")),
+            )
+            .unwrap();
+            let manifest = src.join(PRODUCT).join("receiver/Cargo.toml");
             let text = std::fs::read_to_string(&manifest).unwrap();
             let named = "[[bin]]\nname = \"receiver\"\npath = \"src/main.rs\"";
             assert!(text.contains(named), "{RELEASE}'s receiver manifest changed shape");
@@ -109,7 +125,7 @@ fn old_receiver() -> &'static Path {
                 text.replace(named, &format!("[[bin]]\nname = \"{OLD_BIN}\"\npath = \"src/main.rs\"")),
             )
             .unwrap();
-            std::fs::write(&marker, RELEASE_COMMIT).unwrap();
+            std::fs::write(&marker, &layout).unwrap();
         }
         let started = Instant::now();
         let mut cargo = std::process::Command::new("cargo");
