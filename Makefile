@@ -2,7 +2,7 @@
 CARGO ?= cargo
 
 .DEFAULT_GOAL := help
-.PHONY: help deps check build install dist fault-build mutant-build kit kit-dist containers-inside release test unit integration integration-containers upgrade-drill demo bench bench-proxy bench-prune bench-instructions soak nemesis failover
+.PHONY: help deps check build install dist fault-build mutant-build kit kit-dist containers-inside release test unit integration integration-containers upgrade-drill demo bench bench-proxy bench-prune bench-migrate bench-instructions soak nemesis failover
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -126,6 +126,10 @@ soak: deps ## On demand, not in make test: 100,000 deliveries through receiver c
 bench-prune: deps ## receiver prune beside a full-speed receiver consume: a million old inbox rows, drains with and without it (about 5 minutes)
 	$(CARGO) build --release -p orbit-dev -p receiver --bins
 	$(CARGO) bench -p conformance --bench prune
+
+bench-migrate: deps ## receiver migrate's index step on a million-row inbox, alone and beside a full-speed receiver consume (about 5 minutes)
+	$(CARGO) build --release -p orbit-dev -p receiver --bins
+	$(CARGO) bench -p conformance --bench migrate
 
 bench-instructions: ## Instructions per byte of the canonical form under valgrind's callgrind (repeatable; about a minute)
 	@scripts/bench-instructions

@@ -752,6 +752,40 @@ mod tests {
     }
 
     #[test]
+    fn migrate_and_its_flags() {
+        assert_eq!(
+            run(&["migrate"]),
+            Ok(Invocation::Run(Command::Migrate(MigrateArgs {
+                dry_run: false,
+                allow_blocking: false,
+                lock_wait: DEFAULT_LOCK_WAIT,
+            })))
+        );
+        assert_eq!(
+            run(&[
+                "migrate",
+                "--dry-run",
+                "--allow-blocking",
+                "--lock-wait",
+                "2m"
+            ]),
+            Ok(Invocation::Run(Command::Migrate(MigrateArgs {
+                dry_run: true,
+                allow_blocking: true,
+                lock_wait: std::time::Duration::from_secs(120),
+            })))
+        );
+        assert_eq!(
+            line(&["migrate", "--lock-wait", "-1s"]),
+            "receiver migrate: --lock-wait -1s: cannot be negative (receiver migrate --help)"
+        );
+        assert_eq!(
+            line(&["migrate", "--force"]),
+            "receiver migrate: unknown flag `--force` (receiver migrate --help)"
+        );
+    }
+
+    #[test]
     fn commands_and_their_flags() {
         assert_eq!(run(&["init"]), Ok(Invocation::Run(Command::Init)));
         assert_eq!(run(&["consume"]), Ok(Invocation::Run(Command::Consume)));

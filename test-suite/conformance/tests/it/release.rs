@@ -150,6 +150,7 @@ fn the_walkthrough_and_the_quickstart_are_marked_in_order_and_parse() {
         "install.sh",
         "CREATE USER 'receiver_prune'",
         "receiver init",
+        "receiver migrate --dry-run",
         "orbit-dev bootstrap",
         "/v1/subscriptions",
         "receiver.env",

@@ -244,7 +244,7 @@ fn every_program_prints_one_version_line_of_five_facts_and_names_an_unknown_comm
     let commands: &[(&str, &str)] = &[
         (
             "receiver",
-            "init, demo, consume, digest, inspect, retention, prune, reconcile, help",
+            "init, migrate, demo, consume, digest, inspect, retention, prune, reconcile, help",
         ),
         ("conformance", "run, mutants, list"),
         ("orbit-dev", "serve, bootstrap"),
@@ -265,14 +265,21 @@ fn every_program_prints_one_version_line_of_five_facts_and_names_an_unknown_comm
             assert_eq!(ran.stdout.lines().count(), 1, "{program}: {}", ran.stdout);
             let prefix = format!("{program} {} (commit ", about::VERSION);
             assert!(line.starts_with(&prefix), "{line}");
-            assert!(
-                line.ends_with(&format!(
+            // The receiver names, last, the schema version it needs.
+            let ending = match program {
+                "receiver" => format!(
+                    "; receiver contract {}; canonical form {}; schema version {})",
+                    about::CONTRACT_VERSION,
+                    about::FORM_VERSION,
+                    result_inbox::version::SCHEMA_VERSION
+                ),
+                _ => format!(
                     "; receiver contract {}; canonical form {})",
                     about::CONTRACT_VERSION,
                     about::FORM_VERSION
-                )),
-                "{line}"
-            );
+                ),
+            };
+            assert!(line.ends_with(&ending), "{line}");
             let commit = &line[prefix.len()..].split(';').next().unwrap();
             assert!(
                 commit.len() == 12 && commit.bytes().all(|b| b.is_ascii_hexdigit()),
