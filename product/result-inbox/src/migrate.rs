@@ -374,10 +374,10 @@ pub async fn migrate(
     if options.dry_run {
         if !found.recorded {
             say.line(format!(
-                "would create {} and {} (schema/migrations.sql) and record versions 1 to {} as recognised",
+                "would create {} and {} (schema/migrations.sql) and record {} as recognised",
                 version::LEDGER_TABLE,
                 version::LOCK_TABLE,
-                found.version
+                versions_up_to(found.version)
             ));
         }
         for step in &pending {
@@ -455,6 +455,14 @@ async fn pending(conn: &mut MySqlConnection, found: &Found) -> Result<Vec<Step>,
     Ok(pending)
 }
 
+/// `version 1`, or `versions 1 to N`.
+fn versions_up_to(version: u32) -> String {
+    match version {
+        1 => "version 1".to_owned(),
+        n => format!("versions 1 to {n}"),
+    }
+}
+
 /// The plan's line for one step.
 fn plan_line(step: &Step, done: bool, galera: Option<&str>) -> String {
     let mut line = format!(
@@ -499,8 +507,8 @@ async fn run_steps(
     if !found.recorded {
         record_baseline(conn, found.version, &options.by).await?;
         say.line(format!(
-            "recorded versions 1 to {} as recognised by the tables' shape",
-            found.version
+            "recorded {} as recognised by the tables' shape",
+            versions_up_to(found.version)
         ));
         say.line(format!(
             "from now on every program reads the version at start: grant the runtime and prune accounts SELECT on `{}`.receiver_schema_versions (schema/grants.sql, steps 2 and 3)",
@@ -650,6 +658,7 @@ fn written(error: StorageError, what: &'static str) -> MigrateError {
 /// The lock held by this run, renewed in the background on a connection of its own.
 struct Lock {
     by: String,
+    dsn: Dsn,
     lost: Arc<AtomicBool>,
     renewer: tokio::task::JoinHandle<()>,
 }
@@ -735,6 +744,7 @@ impl Lock {
         let renewer = tokio::spawn(renew(dsn.clone(), options.by.clone(), lost.clone()));
         Ok(Lock {
             by: options.by.clone(),
+            dsn: dsn.clone(),
             lost,
             renewer,
         })
@@ -766,12 +776,22 @@ impl Lock {
 
     async fn release(&mut self, conn: &mut MySqlConnection) {
         self.renewer.abort();
-        // A release that fails leaves the lock to expire after its lease: the next run waits
-        // that long, and no longer.
-        let _ = sqlx::query(RELEASE)
+        let released = sqlx::query(RELEASE)
             .bind(&self.by)
             .execute(&mut *conn)
             .await;
+        if released.is_err() {
+            // The run's connection may be what failed (a lost connection mid-step): a new one
+            // frees the lock now. If that fails too, the lock expires after its lease, and the
+            // next run waits that long, no longer.
+            if let Ok(mut fresh) = connect_one(&self.dsn).await {
+                let _ = sqlx::query(RELEASE)
+                    .bind(&self.by)
+                    .execute(&mut fresh)
+                    .await;
+                let _ = fresh.close().await;
+            }
+        }
     }
 }
 

@@ -9,6 +9,7 @@
 use std::process::Output;
 use std::time::{Duration, Instant};
 
+use commit_proxy::{Action, On, RuleSpec};
 use fixtures::process::{receiver_faults_bin, Barrier, Consumer};
 use fixtures::{bare_command, receiver_bin, ReceiverDb};
 use sqlx::{Executor, MySqlConnection, Row};
@@ -417,6 +418,75 @@ async fn killed_at(barrier: Barrier) -> String {
     assert_eq!(state_of(&mut admin, 3).await.as_deref(), Some("applied"));
     assert_eq!(recorded(&mut admin).await, 3);
     out
+}
+
+/// A connection lost mid-step (reset by the proxy as the step's statement goes out, so the
+/// server never runs it): one line naming the step, exit 1, the step left recorded as started
+/// and the lock freed at once; the next run applies it.
+#[tokio::test]
+async fn a_connection_lost_mid_step_leaves_it_started_and_the_next_run_finishes_it() {
+    let (rdb, mut admin) = inbox_without_index().await;
+    let proxy = rdb.proxy().await;
+    let rule = proxy
+        .arm(RuleSpec {
+            contains: Some("ADD INDEX".into()),
+            ..RuleSpec::new(Action::Reset).on(On::Any).once()
+        })
+        .unwrap();
+    let via = rdb
+        .db
+        .init_url()
+        .expose()
+        .replace(rdb.db.address(), &proxy.local_addr().to_string());
+    let env = vec![("ORBIT_RECEIVER_DSN", via)];
+    let cut = tokio::task::spawn_blocking({
+        let env = env.clone();
+        move || run(&receiver_bin(), &["migrate"], &env)
+    })
+    .await
+    .unwrap();
+    let err = text(&cut.stderr);
+    assert_eq!(cut.status.code(), Some(1), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains("step 2 (inbox-received-at-index) failed")
+            && err.contains("`receiver migrate` resumes it"),
+        "{err}"
+    );
+    assert_eq!(rule.firings().len(), 1);
+    assert!(!has_index(&mut admin).await);
+    assert_eq!(state_of(&mut admin, 2).await.as_deref(), Some("started"));
+    assert_eq!(
+        count(
+            &mut admin,
+            "SELECT COUNT(*) FROM receiver_schema_lock WHERE holder IS NOT NULL"
+        )
+        .await,
+        0,
+        "the lock was left held"
+    );
+
+    let t = Instant::now();
+    let resumed = tokio::task::spawn_blocking(move || run(&receiver_bin(), &["migrate"], &env))
+        .await
+        .unwrap();
+    let out = text(&resumed.stdout);
+    assert!(resumed.status.success(), "{out}{}", text(&resumed.stderr));
+    assert!(
+        out.starts_with("schema_version=1 target=2 unfinished_step=2"),
+        "{out}"
+    );
+    assert!(
+        out.contains("applied step 2 inbox-received-at-index"),
+        "{out}"
+    );
+    assert!(
+        t.elapsed() < Duration::from_secs(10),
+        "the next run waited for a lock nobody held: {:?}",
+        t.elapsed()
+    );
+    assert!(has_index(&mut admin).await);
+    assert_eq!(recorded(&mut admin).await, 2);
 }
 
 /// Two runs at once: the second waits, saying for whom, while the first holds the lock (held
