@@ -32,7 +32,7 @@ use crate::connect::connect_one;
 use crate::dsn::Dsn;
 use crate::error::{StorageError, StorageKind};
 use crate::ledger::{self, record_step, BASELINE};
-use crate::schema::{INDEX_EXISTS, TABLES};
+use crate::schema::TABLES;
 use crate::version::{self, Fit, Found, Mismatch, APPLIED, RECOGNISED, SCHEMA_VERSION, STARTED};
 pub use crate::version::{Algorithm, Shape, Step, ADD_RECEIVED_AT_INDEX, STEPS};
 
@@ -69,12 +69,14 @@ pub fn known_version() -> u32 {
 async fn has_shape(conn: &mut MySqlConnection, shape: Shape) -> Result<bool, StorageError> {
     let count: i64 = match shape {
         Shape::Index { table, index } => {
-            let query = INDEX_EXISTS.replace("'receiver_inbox'", "?");
-            sqlx::query(&query)
-                .bind(table)
-                .bind(index)
-                .fetch_one(&mut *conn)
-                .await
+            sqlx::query(
+                "SELECT COUNT(*) FROM information_schema.statistics \
+                 WHERE table_schema = DATABASE() AND table_name = ? AND index_name = ?",
+            )
+            .bind(table)
+            .bind(index)
+            .fetch_one(&mut *conn)
+            .await
         }
         Shape::Column { table, column } => {
             // information_schema.columns lists only columns the account holds a privilege on,

@@ -35,16 +35,8 @@ pub enum Barrier {
 }
 
 impl Barrier {
-    /// The barriers in the flow of one delivery, in flow order.
-    pub const DELIVERY: [Barrier; 7] = [
-        Barrier::BeforeInsert,
-        Barrier::BeforeVerdict,
-        Barrier::AfterInboxRows,
-        Barrier::AfterViews,
-        Barrier::BeforeCommit,
-        Barrier::AfterCommit,
-        Barrier::AfterAckSent,
-    ];
+    /// The barriers in the flow of one delivery, in flow order: the first of [`Barrier::ALL`].
+    pub const DELIVERY: &'static [Barrier] = Barrier::ALL.split_at(7).0;
 
     /// Every barrier: a delivery's, then `receiver migrate`'s.
     pub const ALL: [Barrier; 9] = [

@@ -832,7 +832,8 @@ async fn crash_loop_of_twenty_kills_loses_nothing_and_applies_nothing_twice() {
     // Not `before_verdict`: only a duplicate reaches it, and a round cannot count on making one
     // (the prune suite holds a process there).
     for point in Barrier::DELIVERY
-        .into_iter()
+        .iter()
+        .copied()
         .filter(|p| *p != Barrier::BeforeVerdict)
     {
         // Without groups (the suite's ungrouped variant) nothing reaches a barrier inside a

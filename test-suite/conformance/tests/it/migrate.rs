@@ -387,12 +387,7 @@ async fn killed_at(barrier: Barrier) -> String {
     let rdb = ReceiverDb::new().await;
     let mut admin = rdb.admin().await;
     let env = with_step(&rdb, "instant");
-    let mut first = Consumer::command(
-        bare_command(&receiver_faults_bin()),
-        &["migrate"],
-        &env,
-        &[(barrier, 1)],
-    );
+    let mut first = Consumer::faulty_command(&["migrate"], &env, &[(barrier, 1)]);
     first.wait_barrier(barrier, Duration::from_secs(20)).await;
     first.sigkill();
     assert_eq!(state_of(&mut admin, 3).await.as_deref(), Some("started"));
@@ -497,12 +492,7 @@ async fn two_migrates_at_once_never_both_apply_a_step() {
     let rdb = ReceiverDb::new().await;
     let mut admin = rdb.admin().await;
     let env = with_step(&rdb, "instant");
-    let mut first = Consumer::command(
-        bare_command(&receiver_faults_bin()),
-        &["migrate"],
-        &env,
-        &[(Barrier::StepStarted, 1)],
-    );
+    let mut first = Consumer::faulty_command(&["migrate"], &env, &[(Barrier::StepStarted, 1)]);
     first
         .wait_barrier(Barrier::StepStarted, Duration::from_secs(20))
         .await;
@@ -520,12 +510,7 @@ async fn two_migrates_at_once_never_both_apply_a_step() {
     );
     assert!(!has_column(&mut admin, "drill_note").await);
 
-    let mut second = Consumer::command(
-        bare_command(&receiver_faults_bin()),
-        &["migrate"],
-        &env,
-        &[],
-    );
+    let mut second = Consumer::faulty_command(&["migrate"], &env, &[]);
     fixtures::eventually(
         Duration::from_secs(10),
         "the second run says it waits",

@@ -282,12 +282,7 @@ async fn drill(nodes: [&Server; 3], label: &str) {
         ),
         ("RECEIVER_TEST_SCHEMA_STEP", "instant".to_owned()),
     ];
-    let mut first = Consumer::command(
-        bare_command(&receiver_faults_bin()),
-        &["migrate"],
-        &migrate_env,
-        &[(Barrier::StepDone, 1)],
-    );
+    let mut first = Consumer::faulty_command(&["migrate"], &migrate_env, &[(Barrier::StepDone, 1)]);
     first
         .wait_barrier(Barrier::StepDone, Duration::from_secs(60))
         .await;
@@ -312,12 +307,7 @@ async fn drill(nodes: [&Server; 3], label: &str) {
         "{RELEASE}'s inbox is recognised as version 2: {first_log}"
     );
     let t = Instant::now();
-    let second = Consumer::command(
-        bare_command(&receiver_faults_bin()),
-        &["migrate"],
-        &migrate_env,
-        &[],
-    );
+    let second = Consumer::faulty_command(&["migrate"], &migrate_env, &[]);
     let mut second = second;
     assert!(
         second.ends_within(Duration::from_secs(60)).await.success(),
